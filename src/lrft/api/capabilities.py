@@ -1,0 +1,111 @@
+"""Capabilities are data: what a backend can do is declared, and tests require it by name.
+
+Each capabilities record flattens into a set of names (``sleep_level_2``, ``offload_optimizer``,
+...). Conformance tests ask for names, never for backend identities, and a backend that is asked
+for something it did not declare raises :class:`~lrft.api.errors.CapabilityNotSupported`.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from lrft.api import _validate as v
+from lrft.api.errors import CapabilityNotSupported
+from lrft.api.types import ModelPart
+
+
+def _parts(values: object) -> frozenset[ModelPart]:
+    if not isinstance(values, (set, frozenset, list, tuple)):
+        raise TypeError(f"expected a collection of ModelPart, got {values!r}")
+    return frozenset(ModelPart(x) for x in values)
+
+
+def _levels(values: object) -> frozenset[int]:
+    if not isinstance(values, (set, frozenset, list, tuple)):
+        raise TypeError(f"expected a collection of sleep levels, got {values!r}")
+    levels = frozenset(int(x) for x in values)
+    if not levels <= {1, 2}:
+        raise ValueError(f"sleep levels must be among {{1, 2}}, got {sorted(levels)}")
+    return levels
+
+
+@attrs.frozen(kw_only=True)
+class TrainCapabilities:
+    """What a ``TrainBackend`` can do.
+
+    offload: the model parts ``offload``/``reload`` really move between device and host.
+    mixed_precision: computes in a lower precision than the stored parameters (bf16 on GPU).
+    checkpoint_resharding: a checkpoint saved at one world size loads at another.
+    """
+
+    offload: frozenset[ModelPart] = attrs.field(factory=frozenset, converter=_parts)
+    mixed_precision: bool = False
+    checkpoint_resharding: bool = False
+
+    def names(self) -> frozenset[str]:
+        names = {f"offload_{part.value}" for part in self.offload}
+        if self.mixed_precision:
+            names.add("mixed_precision")
+        if self.checkpoint_resharding:
+            names.add("checkpoint_resharding")
+        return frozenset(names)
+
+
+@attrs.frozen(kw_only=True)
+class EngineCapabilities:
+    """What a ``RolloutEngine`` can do on the device it runs on now.
+
+    sleep_levels: the lrft sleep levels it implements (1: KV cache freed, weights kept or parked;
+        2: weights discarded as well).
+    sleep_frees_memory: sleeping really returns device memory (false where the engine's sleep is
+        a no-op, e.g. vLLM on CPU; the state machine still applies).
+    max_tp: the largest tensor-parallel group it can span.
+    returns_logprobs: it can return per-token logprobs.
+    multimodal: it accepts ``GenerationRequest.multimodal`` inputs.
+    needs_cuda: it only runs on CUDA devices.
+    """
+
+    sleep_levels: frozenset[int] = attrs.field(factory=frozenset, converter=_levels)
+    sleep_frees_memory: bool = False
+    max_tp: int = attrs.field(default=1, validator=v.positive)
+    returns_logprobs: bool = False
+    multimodal: bool = False
+    needs_cuda: bool = False
+
+    def names(self) -> frozenset[str]:
+        names = {f"sleep_level_{level}" for level in self.sleep_levels}
+        if self.sleep_frees_memory:
+            names.add("sleep_frees_memory")
+        if self.max_tp > 1:
+            names.add("tensor_parallel")
+        for flag in ("returns_logprobs", "multimodal", "needs_cuda"):
+            if getattr(self, flag):
+                names.add(flag)
+        return frozenset(names)
+
+
+@attrs.frozen(kw_only=True)
+class SyncCapabilities:
+    """What a ``WeightSync`` can do.
+
+    verifies_digest: it compares the engine's digest of its own weights with the trainer's.
+    cross_device: it reaches engines that live on other devices or processes.
+    """
+
+    verifies_digest: bool = False
+    cross_device: bool = False
+
+    def names(self) -> frozenset[str]:
+        return frozenset(
+            name for name in ("verifies_digest", "cross_device") if getattr(self, name)
+        )
+
+
+def require(
+    backend: str,
+    capabilities: TrainCapabilities | EngineCapabilities | SyncCapabilities,
+    name: str,
+) -> None:
+    """Raise :class:`CapabilityNotSupported` unless ``capabilities`` declares ``name``."""
+    if name not in capabilities.names():
+        raise CapabilityNotSupported(backend, name)

@@ -1,0 +1,41 @@
+"""The errors lrft raises. Every one derives from :class:`LrftError`."""
+
+from __future__ import annotations
+
+
+class LrftError(Exception):
+    """Base class of every error lrft raises on purpose."""
+
+
+class ConfigError(LrftError, ValueError):
+    """A configuration value breaks a rule; the message names the value and the rule."""
+
+
+class CapabilityNotSupported(LrftError):
+    """A backend was asked for something its declared capabilities say it cannot do."""
+
+    def __init__(self, backend: str, capability: str, detail: str = "") -> None:
+        self.backend = backend
+        self.capability = capability
+        message = f"{backend} does not support {capability}"
+        super().__init__(f"{message}: {detail}" if detail else message)
+
+
+class EngineAsleepError(LrftError):
+    """``generate`` (or a weight load) was called while the memory it needs is released."""
+
+
+class StaleWeightsError(LrftError):
+    """The engine's weights are not a complete, verified copy of any trainer version."""
+
+
+class WeightLoadError(LrftError, ValueError):
+    """A tensor offered to ``load_weights`` does not fit the engine (unknown name, wrong shape)."""
+
+
+class WeightSyncError(LrftError):
+    """A weight sync failed; the engine was left stale, never serving the old weights as new."""
+
+
+class CollectiveTimeout(LrftError, TimeoutError):
+    """A collective operation did not complete within its timeout."""

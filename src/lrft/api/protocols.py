@@ -1,0 +1,278 @@
+"""The three contracts lrft composes: ``TrainBackend``, ``RolloutEngine`` and ``WeightSync``.
+
+Implementations are structural: they do not inherit from these Protocols. The conformance suites
+in :mod:`lrft.testing.conformance` check the behaviour each docstring promises; mypy checks the
+signatures; ``isinstance`` (the Protocols are runtime-checkable) checks the surface.
+
+"Collective" below means: every rank of the named process group must make the call, with the same
+arguments where noted, in the same order relative to other collectives on that group. A rank that
+skips a collective call hangs the others until the group's timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from lrft.api.capabilities import EngineCapabilities, SyncCapabilities, TrainCapabilities
+from lrft.api.optim import OptimizerConfig, SchedulerConfig
+from lrft.api.types import (
+    EnginePart,
+    EngineState,
+    GenerationRequest,
+    GenerationResult,
+    ModelPart,
+    Placement,
+    SamplingParams,
+    StepReport,
+    SyncReport,
+    TensorSpec,
+)
+
+NamedTensors = Sequence[tuple[str, torch.Tensor]]
+
+
+@runtime_checkable
+class WeightSource(Protocol):
+    """Anything that can hand out its full weights in Hugging Face names, bucket by bucket."""
+
+    def full_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Yield every parameter once, gathered to its full shape, in Hugging Face names.
+
+        Collective over the backend's process group: every rank iterates the whole generator
+        (each gets the same full tensors). A bucket holds tensors totalling at most
+        ``bucket_bytes``, except that a single tensor larger than the bound travels alone. Tensors
+        are packed in order, so no bucket could have taken the next bucket's first tensor. A
+        yielded tensor is valid until the next bucket is requested: copy what you keep. Only the
+        current bucket is materialised, never the whole model. Tied parameters appear once, under
+        the name ``named_parameters()`` gives them.
+        """
+        ...
+
+
+@runtime_checkable
+class FrozenModel(WeightSource, Protocol):
+    """A model wrapped for inference only (reference policy, reward model)."""
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The wrapped module; call it for forward passes. Its parameters may be sharded and its
+        forward may be collective over the backend's process group (FSDP all-gathers)."""
+        ...
+
+    @property
+    def placement(self) -> Placement:
+        """Where the parameters (and, for trainable models, gradients and optimizer state) are."""
+        ...
+
+    def offload(self, parts: Collection[ModelPart]) -> None:
+        """Move ``parts`` to host memory, freeing their device memory.
+
+        Raises ``CapabilityNotSupported`` for a part not in ``capabilities.offload`` (never a
+        silent no-op). Offloading a part already on the host does nothing. Forward passes and
+        steps need the parts they touch on the device: ``reload`` first.
+        """
+        ...
+
+    def reload(self, parts: Collection[ModelPart]) -> None:
+        """Bring ``parts`` back to the device, bit-exactly as they were offloaded."""
+        ...
+
+
+@runtime_checkable
+class TrainableModel(FrozenModel, Protocol):
+    """A model wrapped for training, with its optimizer and learning-rate schedule."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the gradients of ``loss`` into this rank's gradient buffers.
+
+        Gradients are averaged over the data-parallel ranks when they are reduced, so a loss that
+        is a mean over each rank's equal share of a batch yields the gradient of the mean over the
+        whole batch. The caller scales the loss of each micro-batch (``loss / k`` for ``k`` equal
+        micro-batches): the backend never rescales it.
+        """
+        ...
+
+    def step(self) -> StepReport:
+        """Apply the accumulated gradients, then zero them. Collective over the process group.
+
+        Clips the global gradient norm to ``OptimizerConfig.max_grad_norm`` (when > 0). If the
+        norm is not finite, the step is skipped: parameters, optimizer state, the scheduler and
+        ``optimizer_steps`` stay as they were, gradients are zeroed, and the report says
+        ``skipped=True``. Otherwise the optimizer steps and the scheduler advances.
+        """
+        ...
+
+    @property
+    def optimizer_steps(self) -> int:
+        """The number of optimizer steps applied (skipped steps do not count)."""
+        ...
+
+    def save(self, directory: Path) -> None:
+        """Write model, optimizer and scheduler state into ``directory``. Collective.
+
+        ``directory`` is shared by all ranks (or at least readable by the ranks that load it); it
+        is created if missing. The caller owns atomicity (write to a temporary name, rename).
+        """
+        ...
+
+    def load(self, directory: Path) -> None:
+        """Restore what ``save`` wrote into this freshly wrapped model. Collective.
+
+        Training continued after ``load`` is bit-exactly the training continued after ``save``.
+        """
+        ...
+
+
+@runtime_checkable
+class TrainBackend(Protocol):
+    """A distributed training strategy: wraps models into trainable and frozen handles.
+
+    The backend owns the process-group placement of parameters (sharding, replication), the
+    optimizer, mixed precision, memory placement and checkpoints. All ``prepare_*`` calls are
+    collective over the default process group and must wrap the same model (same architecture and
+    the same initial weights on every rank) in the same order.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capabilities(self) -> TrainCapabilities: ...
+
+    @property
+    def device(self) -> torch.device:
+        """The device this rank computes on."""
+        ...
+
+    def prepare_trainable(
+        self,
+        model: torch.nn.Module,
+        *,
+        optimizer: OptimizerConfig,
+        scheduler: SchedulerConfig | None = None,
+    ) -> TrainableModel:
+        """Wrap ``model`` for training; the backend builds AdamW and the schedule from the configs."""
+        ...
+
+    def prepare_frozen(self, model: torch.nn.Module) -> FrozenModel:
+        """Wrap ``model`` for inference (no gradients, no optimizer)."""
+        ...
+
+
+class WeightLoader(Protocol):
+    """Loads one batch of named tensors inside ``RolloutEngine.weight_update``."""
+
+    def __call__(self, named_tensors: NamedTensors) -> None: ...
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Generation from token ids, with an explicit memory state machine and versioned weights.
+
+    One engine per rank. An engine with tensor parallelism spans one TP group of a
+    ``RolloutLayout``: then ``generate``, ``sleep``, ``wake``, ``load_weights`` and
+    ``weight_update`` are collective over that TP group, every rank passing its own requests to
+    ``generate`` and the same weights to the loads. With TP 1 nothing is collective.
+
+    Memory states (``state``):
+
+    - awake: weights resident, KV cache resident. ``generate`` works if the weights are fresh.
+    - ``sleep(1)``: KV cache freed; weights kept on the device or parked on the host. Waking
+      restores them bit-exactly: outputs are identical to those before sleeping.
+    - ``sleep(2)``: KV cache and weights freed. Waking the weights allocates them again with
+      undefined contents: the engine is *stale* (``weights_version is None``) until a complete
+      set of weights is loaded.
+    - ``wake(parts)``: restores the named parts; waking ``KV_CACHE`` needs the weights resident
+      (wake weights first, so a weight sync never meets a full KV cache). ``wake()`` restores all.
+
+    Errors: ``generate`` while any part is asleep raises ``EngineAsleepError``; while stale,
+    ``StaleWeightsError``. Loading weights while they are not resident raises
+    ``EngineAsleepError``. A sleep level not in ``capabilities.sleep_levels`` raises
+    ``CapabilityNotSupported`` and changes nothing. Sleeping while asleep deepens or keeps the
+    level; waking while awake does nothing.
+
+    Weights: ``load_weights(tensors, version=v)`` is one complete update; ``weight_update(v)`` is
+    the streaming form (many batches, one version). Every batch is validated whole (names known,
+    shapes equal) before any of it is copied: a bad batch raises ``WeightLoadError`` naming the
+    tensor. An update that fails before copying anything changes nothing; one that fails after
+    copying some tensors leaves the engine stale. A successful update sets ``weights_version``,
+    unless the weights were released (level 2) and the update did not cover every parameter:
+    then the engine stays stale. Tensors are cast to the engine's dtype on load.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capabilities(self) -> EngineCapabilities: ...
+
+    @property
+    def state(self) -> EngineState: ...
+
+    @property
+    def weights_version(self) -> int | None:
+        """The version of the complete weights loaded last; ``None`` while stale."""
+        ...
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[GenerationResult]:
+        """Generate ``params.n`` samples per request; results are request-major (see
+        ``GenerationResult``) and belong to this rank's requests only, in their order."""
+        ...
+
+    def sleep(self, level: int) -> None: ...
+
+    def wake(
+        self, parts: Collection[EnginePart] = (EnginePart.WEIGHTS, EnginePart.KV_CACHE)
+    ) -> None: ...
+
+    def parameter_specs(self) -> Mapping[str, TensorSpec]:
+        """Every weight the engine accepts, by Hugging Face name, with the shape and dtype it
+        stores. Readable in any state."""
+        ...
+
+    def load_weights(self, named_tensors: NamedTensors, *, version: int) -> None: ...
+
+    def weight_update(self, version: int) -> AbstractContextManager[WeightLoader]:
+        """Open a streaming update: the engine is stale from entry until a clean exit, which sets
+        ``weights_version = version`` (subject to the level-2 completeness rule). An exception
+        inside the block leaves the engine stale if anything was copied, unchanged otherwise."""
+        ...
+
+    def weights_digest(self) -> dict[str, str]:
+        """``tensor_digest`` of every weight, read back from the engine's own parameters (after
+        any repacking the engine does on load, undone) in Hugging Face names. Needs the weights
+        resident."""
+        ...
+
+    def shutdown(self) -> None:
+        """Release every resource. Idempotent. The engine is unusable afterwards."""
+        ...
+
+    def __enter__(self) -> RolloutEngine: ...
+
+    def __exit__(self, *exc_info: object) -> None: ...
+
+
+@runtime_checkable
+class WeightSync(Protocol):
+    """Moves the current trainer weights into an engine: bucketed, cast, mapped, verified.
+
+    ``sync`` is collective over the source's process group (it iterates ``full_weights``) and, for
+    TP engines, over the engine's TP group. It wakes only the engine's weights when they are
+    asleep (never the KV cache) and leaves the KV cache as it found it. With verification on, the
+    engine's digest of every loaded tensor must equal the digest of what the trainer sent, cast to
+    the engine's dtype; a mismatch raises ``WeightSyncError`` and leaves the engine stale. A sync
+    that fails for any reason never leaves the engine looking fresh.
+    """
+
+    @property
+    def capabilities(self) -> SyncCapabilities: ...
+
+    def sync(self, source: WeightSource, engine: RolloutEngine, *, version: int) -> SyncReport: ...

@@ -1,0 +1,60 @@
+"""Tiny models and data for tests: built from configs, no hub, deterministic by seed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+
+VOCAB_SIZE = 256
+
+
+def tiny_qwen2_config(
+    *, vocab_size: int = VOCAB_SIZE, tie_word_embeddings: bool = False
+) -> Qwen2Config:
+    """A 2-layer Qwen2 with hidden size 64: ~0.1 M parameters, fast on two CPU cores."""
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        use_cache=True,
+    )
+
+
+def tiny_causal_lm(seed: int = 0, *, tie_word_embeddings: bool = False) -> PreTrainedModel:
+    """A freshly initialised tiny Qwen2 causal LM in fp32; the same ``seed`` gives the same weights.
+
+    The initialisation is scaled up from transformers' default (std 0.02) so that greedy decoding
+    of a random model does not collapse onto one token, which would make generation tests weak.
+    """
+    config = tiny_qwen2_config(tie_word_embeddings=tie_word_embeddings)
+    config.initializer_range = 0.5
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    return model.float().eval()
+
+
+def save_tiny_causal_lm(
+    directory: Path, seed: int = 0, *, tie_word_embeddings: bool = False
+) -> Path:
+    """Save ``tiny_causal_lm(seed)`` as a Hugging Face folder (safetensors) and return it."""
+    model = tiny_causal_lm(seed, tie_word_embeddings=tie_word_embeddings)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    return directory
+
+
+def random_token_batch(seed: int, batch: int, length: int, *, low: int = 3) -> torch.Tensor:
+    """Token ids in ``[low, VOCAB_SIZE)`` (ids below ``low`` are pad/bos/eos), shape (batch, length)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(low, VOCAB_SIZE, (batch, length), generator=generator)
