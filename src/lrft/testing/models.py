@@ -41,7 +41,8 @@ def tiny_causal_lm(seed: int = 0, *, tie_word_embeddings: bool = False) -> PreTr
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-    return model.float().eval()
+    model.eval()
+    return model
 
 
 def save_tiny_causal_lm(
