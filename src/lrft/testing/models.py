@@ -41,7 +41,7 @@ def tiny_causal_lm(seed: int = 0, *, tie_word_embeddings: bool = False) -> PreTr
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-    model.eval()
+    torch.nn.Module.eval(model)  # PreTrainedModel re-declares eval without annotations
     return model
 
 
