@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set up the active Python environment and run every CPU check: lint, types, unit and conformance
+# tests. torch is pinned to the CPU build through constraints-cpu.txt (an unpinned torch would
+# pull a multi-GB CUDA build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python -m pip install -q --upgrade pip
+python -m pip install -q -c constraints-cpu.txt -e '.[test]'
+
+echo "== ruff"
+ruff check src tests
+ruff format --check src tests
+echo "== mypy --strict (src, tests)"
+mypy
+echo "== pytest"
+set +e
+python -m pytest -q --timeout=900 -p no:cacheprovider tests
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+    echo "pytest collected no tests: failing on purpose" >&2
+    exit 1
+fi
+exit "$status"

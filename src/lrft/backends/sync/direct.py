@@ -1,0 +1,145 @@
+"""``direct`` weight sync: the trainer's full weights loaded into an engine in the same process.
+
+This is the colocated path: every rank gathers the full weights from its training shard
+(``full_weights``, collective) and loads them into its own engine, bucket by bucket, so the
+largest transient allocation is one bucket, not the model. Each bucket is one call into the
+engine (never one call per parameter). Verification compares the engine's digest of what it
+stores with the digest of what was sent, after the cast to the engine's dtype.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+import attrs
+import torch
+
+from lrft.api.capabilities import SyncCapabilities
+from lrft.api.digest import combine_digests, tensor_digest
+from lrft.api.errors import WeightSyncError
+from lrft.api.protocols import RolloutEngine, WeightLoader, WeightSource
+from lrft.api.types import EnginePart, SyncReport, TensorSpec, WeightsResidency
+
+DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
+
+
+def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"{attribute.name} must be > 0, got {value!r}")
+
+
+def _identity(name: str) -> str:
+    return name
+
+
+@attrs.frozen(kw_only=True)
+class DirectSync:
+    """Bucketed, cast, name-mapped, verified weight sync into a same-process engine.
+
+    bucket_bytes: upper bound of one gathered bucket (a single larger tensor travels alone).
+    verify: compare the engine's per-tensor digest with the sent tensors' (on by default).
+    name_map: trainer (Hugging Face) name -> engine name, for engines that rename weights.
+    """
+
+    bucket_bytes: int = attrs.field(default=DEFAULT_BUCKET_BYTES, validator=_positive)
+    verify: bool = True
+    name_map: Callable[[str], str] = _identity
+
+    @property
+    def capabilities(self) -> SyncCapabilities:
+        return SyncCapabilities(verifies_digest=self.verify, cross_device=False)
+
+    def sync(self, source: WeightSource, engine: RolloutEngine, *, version: int) -> SyncReport:
+        """Load ``source``'s current weights into ``engine`` as ``version``; see ``WeightSync``.
+
+        Collective over the source's process group. Errors found mid-stream are raised only
+        after the stream is drained, so every rank takes part in every gather and no peer is
+        left waiting in a collective.
+        """
+        start = time.perf_counter()
+        specs = engine.parameter_specs()
+        if engine.state.weights is not WeightsResidency.RESIDENT:
+            engine.wake([EnginePart.WEIGHTS])
+        stream = _Stream(specs=specs, name_map=self.name_map, verify=self.verify)
+        with engine.weight_update(version) as load:
+            stream.run(source.full_weights(self.bucket_bytes), load)
+            stream.check_complete()
+            if self.verify:
+                _verify(stream.sent_digests, engine.weights_digest())
+        return SyncReport(
+            version=version,
+            tensors=len(stream.sent_bytes),
+            bytes=sum(stream.sent_bytes.values()),
+            buckets=stream.buckets,
+            seconds=time.perf_counter() - start,
+            verified=self.verify,
+            digest=combine_digests(stream.sent_digests) if self.verify else "",
+        )
+
+
+@attrs.define
+class _Stream:
+    specs: Mapping[str, TensorSpec]
+    name_map: Callable[[str], str]
+    verify: bool
+    sent_bytes: dict[str, int] = attrs.field(factory=dict)
+    sent_digests: dict[str, str] = attrs.field(factory=dict)
+    buckets: int = 0
+
+    def run(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], load: WeightLoader) -> None:
+        error: Exception | None = None
+        failed_bucket = -1
+        for bucket in buckets:
+            if error is not None:
+                continue  # drain: peers still gather the remaining buckets with us
+            try:
+                load(self._prepare(bucket))
+            except Exception as exc:  # raised after draining, never mid-collective
+                error, failed_bucket = exc, self.buckets
+            self.buckets += 1
+        if isinstance(error, WeightSyncError):
+            raise error
+        if error is not None:
+            raise WeightSyncError(f"loading bucket {failed_bucket} failed: {error}") from error
+
+    def _prepare(self, bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        prepared = []
+        for source_name, tensor in bucket:
+            name = self.name_map(source_name)
+            spec = self.specs.get(name)
+            if spec is None:
+                raise WeightSyncError(
+                    f"the engine has no weight {name!r} (trainer name {source_name!r})"
+                )
+            if tuple(tensor.shape) != spec.shape:
+                raise WeightSyncError(
+                    f"weight {name!r}: trainer shape {tuple(tensor.shape)} != engine shape "
+                    f"{spec.shape}"
+                )
+            if name in self.sent_bytes:
+                raise WeightSyncError(f"weight {name!r} was sent twice in one sync")
+            cast = tensor.detach().to(dtype=spec.dtype)
+            self.sent_bytes[name] = cast.numel() * cast.element_size()
+            if self.verify:
+                self.sent_digests[name] = tensor_digest(cast)
+            prepared.append((name, cast))
+        return prepared
+
+    def check_complete(self) -> None:
+        missing = sorted(set(self.specs) - set(self.sent_bytes))
+        if missing:
+            raise WeightSyncError(
+                f"the trainer sent no value for {len(missing)} engine weight(s), e.g. "
+                f"{missing[:5]}: the engine would serve a mix of old and new weights"
+            )
+
+
+def _verify(sent: Mapping[str, str], held: Mapping[str, str]) -> None:
+    wrong = sorted(name for name, digest in sent.items() if held.get(name) != digest)
+    if wrong:
+        first = wrong[0]
+        raise WeightSyncError(
+            f"{len(wrong)} weight(s) differ in the engine from what was sent, e.g. {first!r}: "
+            f"sent {sent[first]}, engine holds {held.get(first)}; the engine is left stale"
+        )

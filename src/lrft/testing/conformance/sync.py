@@ -1,0 +1,259 @@
+"""``WeightSyncSuite[S]``: the shared conformance tests of a ``WeightSync``.
+
+A subclass says how to build the sync under test, the train backend that feeds it, the engine it
+fills, and a backdoor that reads the engine's weights without the API under test::
+
+    class TestDirectSync(WeightSyncSuite[DirectSync]):
+        world_size = 2
+
+        @classmethod
+        def make_sync(cls, bucket_bytes: int) -> DirectSync:
+            return DirectSync(bucket_bytes=bucket_bytes)
+        ...
+
+The reference is plain: the trained weights gathered through ``full_weights`` are loaded into a
+plain transformers model whose greedy tokens (a full forward per token) the engine must reproduce.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import ClassVar, Generic, TypeVar, cast
+
+import pytest
+import torch
+
+from lrft.api import (
+    EnginePart,
+    GenerationRequest,
+    OptimizerConfig,
+    RolloutEngine,
+    SamplingParams,
+    StaleWeightsError,
+    TrainableModel,
+    TrainBackend,
+    WeightLoader,
+    WeightsResidency,
+    WeightSync,
+    WeightSyncError,
+    tensor_digest,
+)
+from lrft.api.protocols import NamedTensors
+from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
+from lrft.testing.models import random_token_batch, save_tiny_causal_lm
+from lrft.testing.reference import greedy_continuation, model_with_weights
+
+S = TypeVar("S", bound=WeightSync)
+
+PROMPTS = ((5, 17, 42, 9), (100, 3, 77), (250, 251, 252, 253, 254, 8))
+NEW_TOKENS = 12
+TRAIN_STEPS = 2
+
+
+class WeightSyncSuite(DistributedSuite, abc.ABC, Generic[S]):
+    """Conformance tests every ``WeightSync`` must pass (see ``lrft.api.WeightSync``)."""
+
+    #: the dtype the engine stores; a subclass for a bf16 engine sets ``torch.bfloat16``
+    engine_dtype: ClassVar[torch.dtype] = torch.float32
+
+    @classmethod
+    @abc.abstractmethod
+    def make_sync(cls, bucket_bytes: int) -> S:
+        """The sync under test, bounded to ``bucket_bytes`` per bucket."""
+
+    @classmethod
+    @abc.abstractmethod
+    def make_train_backend(cls) -> TrainBackend:
+        """The train backend whose trainable model is the sync's source (inside a rank)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def make_engine(cls, model_dir: Path, dtype: torch.dtype) -> RolloutEngine:
+        """An engine serving ``model_dir`` in ``dtype`` on this rank's device (inside a rank)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def read_engine_weights(cls, engine: RolloutEngine) -> Mapping[str, torch.Tensor]:
+        """Backdoor: the engine's weights in Hugging Face names, read without its API."""
+
+    @pytest.fixture(scope="class")
+    def model_dir(self, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        return save_tiny_causal_lm(tmp_path_factory.mktemp("sync-model"), seed=0)
+
+    def test_sync_after_training_matches_trainer_and_reference(
+        self, pool: RankPool, model_dir: Path
+    ) -> None:
+        pool.run(_sync_after_training, type(self), model_dir, self.engine_dtype)
+
+    def test_sync_into_level_2_asleep_engine_wakes_weights_only(
+        self, pool: RankPool, model_dir: Path
+    ) -> None:
+        pool.run(_sync_into_deep_sleep, type(self), model_dir)
+
+    def test_cast_to_bfloat16_is_exact(self, pool: RankPool, model_dir: Path) -> None:
+        pool.run(_sync_casts, type(self), model_dir)
+
+    def test_corruption_in_transit_fails_and_leaves_engine_stale(
+        self, pool: RankPool, model_dir: Path
+    ) -> None:
+        pool.run(_sync_detects_corruption, type(self), model_dir)
+
+    def test_failed_stream_never_leaves_engine_fresh(self, pool: RankPool, model_dir: Path) -> None:
+        pool.run(_sync_failing_source, type(self), model_dir)
+
+
+# --- rank-side checks -------------------------------------------------------------------------
+
+
+def _trained_source(suite: type[WeightSyncSuite[S]], steps: int = TRAIN_STEPS) -> TrainableModel:
+    """The tiny model (seed 0) trained ``steps`` steps on this rank's share of a batch."""
+    from lrft.testing.models import tiny_causal_lm
+
+    ctx = current_rank_context()
+    trainable = suite.make_train_backend().prepare_trainable(
+        tiny_causal_lm(0), optimizer=OptimizerConfig(lr=1e-2)
+    )
+    for step in range(steps):
+        ids = random_token_batch(seed=1000 * step + ctx.rank, batch=2, length=16)
+        ids = ids.to(ctx.device)
+        trainable.module.train()
+        loss = trainable.module(input_ids=ids, labels=ids).loss
+        trainable.backward(loss)
+        report = trainable.step()
+        assert not report.skipped, f"training step {step} was skipped: {report}"
+    return trainable
+
+
+def _gathered(source: TrainableModel) -> dict[str, torch.Tensor]:
+    return {
+        name: tensor.detach().to("cpu", copy=True)
+        for bucket in source.full_weights(1 << 30)
+        for name, tensor in bucket
+    }
+
+
+def _greedy(engine: RolloutEngine) -> list[tuple[int, ...]]:
+    requests = [GenerationRequest(prompt_token_ids=p, request_id=str(i)) for i, p in enumerate(PROMPTS)]
+    params = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS)
+    return [result.output_token_ids for result in engine.generate(requests, params)]
+
+
+def _reference_greedy(model_dir: Path, weights: Mapping[str, torch.Tensor]) -> list[tuple[int, ...]]:
+    model = model_with_weights(model_dir, weights)
+    return [tuple(greedy_continuation(model, prompt, NEW_TOKENS)) for prompt in PROMPTS]
+
+
+def _sync_after_training(
+    suite: type[WeightSyncSuite[S]], model_dir: Path, dtype: torch.dtype
+) -> None:
+    source = _trained_source(suite)
+    weights = _gathered(source)
+    with suite.make_engine(model_dir, dtype) as engine:
+        # 3 KiB buckets: the tiny model's weights travel in many buckets, some several per bucket
+        report = suite.make_sync(3 * 1024).sync(source, engine, version=7)
+        expected = {name: tensor_digest(t.to(dtype)) for name, t in weights.items()}
+        assert engine.weights_version == 7, f"engine version {engine.weights_version}, expected 7"
+        assert engine.weights_digest() == expected, "engine digest differs from the trainer's"
+        backdoor = {n: tensor_digest(t) for n, t in suite.read_engine_weights(engine).items()}
+        assert backdoor == expected, "weights read through the backdoor differ from the trainer's"
+        assert report.tensors == len(weights), f"report.tensors {report.tensors} != {len(weights)}"
+        nbytes = sum(t.numel() for t in weights.values()) * dtype.itemsize
+        assert report.bytes == nbytes, f"report.bytes {report.bytes} != {nbytes}"
+        assert report.buckets > 1, "a 3 KiB bound must split the model into several buckets"
+        assert report.version == 7 and report.verified
+        if dtype == torch.float32:
+            assert _greedy(engine) == _reference_greedy(model_dir, weights)
+
+
+def _sync_into_deep_sleep(suite: type[WeightSyncSuite[S]], model_dir: Path) -> None:
+    source = _trained_source(suite)
+    weights = _gathered(source)
+    with suite.make_engine(model_dir, torch.float32) as engine:
+        if "sleep_level_2" not in engine.capabilities.names():
+            pytest.skip("engine lacks capability sleep_level_2")
+        engine.sleep(2)
+        suite.make_sync(1 << 20).sync(source, engine, version=3)
+        state = engine.state
+        assert state.weights is WeightsResidency.RESIDENT, f"weights not woken: {state}"
+        assert not state.kv_cache_resident, f"sync woke the KV cache too: {state}"
+        assert state.weights_version == 3, f"engine not fresh after sync: {state}"
+        engine.wake([EnginePart.KV_CACHE])
+        assert _greedy(engine) == _reference_greedy(model_dir, weights)
+
+
+def _sync_casts(suite: type[WeightSyncSuite[S]], model_dir: Path) -> None:
+    source = _trained_source(suite, steps=1)
+    weights = _gathered(source)
+    with suite.make_engine(model_dir, torch.bfloat16) as engine:
+        report = suite.make_sync(1 << 20).sync(source, engine, version=1)
+        held = suite.read_engine_weights(engine)
+        for name, tensor in weights.items():
+            stored = held[name].to("cpu")
+            assert stored.dtype == torch.bfloat16, f"{name} stored as {stored.dtype}"
+            assert torch.equal(stored, tensor.to(torch.bfloat16)), f"{name} is not the bf16 cast"
+        assert report.bytes == sum(t.numel() * 2 for t in weights.values())
+
+
+def _sync_detects_corruption(suite: type[WeightSyncSuite[S]], model_dir: Path) -> None:
+    source = _trained_source(suite, steps=1)
+    with suite.make_engine(model_dir, torch.float32) as engine:
+        if "verifies_digest" not in suite.make_sync(1 << 20).capabilities.names():
+            pytest.skip("sync lacks capability verifies_digest")
+        # a proxy, not a subclass: it forwards every other member to the real engine
+        corrupting = cast(RolloutEngine, CorruptInTransit(engine))
+        with pytest.raises(WeightSyncError, match="differ"):
+            suite.make_sync(1 << 20).sync(source, corrupting, version=2)
+        assert engine.weights_version is None, "a failed sync left the engine looking fresh"
+        with pytest.raises(StaleWeightsError):
+            _greedy(engine)
+
+
+def _sync_failing_source(suite: type[WeightSyncSuite[S]], model_dir: Path) -> None:
+    source = _trained_source(suite, steps=1)
+    with suite.make_engine(model_dir, torch.float32) as engine:
+        with pytest.raises(WeightSyncError):
+            suite.make_sync(4 * 1024).sync(_MisshapenHead(source), engine, version=5)
+        assert engine.weights_version is None, "a failed sync left the engine looking fresh"
+        with pytest.raises(StaleWeightsError):
+            _greedy(engine)
+
+
+class CorruptInTransit:
+    """An engine proxy that perturbs the first tensor of every loaded batch, as a faulty
+    transport would; everything else is the real engine's."""
+
+    def __init__(self, engine: RolloutEngine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._engine, name)
+
+    @contextmanager
+    def _update(self, version: int) -> Iterator[WeightLoader]:
+        with self._engine.weight_update(version) as load:
+
+            def corrupt(named: NamedTensors) -> None:
+                (name, first), *rest = named
+                load([(name, first + 1), *rest])
+
+            yield corrupt
+
+    def weight_update(self, version: int) -> AbstractContextManager[WeightLoader]:
+        return self._update(version)
+
+
+class _MisshapenHead:
+    """A weight source whose first tensor has the wrong shape (a broken gather); the rest of the
+    stream is intact, so the sync must drain it (peers gather it with us) before failing."""
+
+    def __init__(self, source: TrainableModel) -> None:
+        self._source = source
+
+    def full_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        buckets = self._source.full_weights(bucket_bytes)
+        (name, tensor), *rest = next(buckets)
+        yield [(name, tensor.reshape(-1)[:-1]), *rest]
+        yield from buckets
