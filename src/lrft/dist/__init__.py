@@ -1,0 +1,24 @@
+"""Distributed primitives: torchrun's environment, rollout topology, start-up, collectives."""
+
+from lrft.dist.collectives import (
+    GenerateFn,
+    all_gather_objects,
+    broadcast_object,
+    tp_group_generate,
+)
+from lrft.dist.init import DEFAULT_TIMEOUT, backend_for, init_distributed
+from lrft.dist.layout import RolloutGroups, RolloutLayout
+from lrft.dist.rank import RankInfo
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "GenerateFn",
+    "RankInfo",
+    "RolloutGroups",
+    "RolloutLayout",
+    "all_gather_objects",
+    "backend_for",
+    "broadcast_object",
+    "init_distributed",
+    "tp_group_generate",
+]

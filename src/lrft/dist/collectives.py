@@ -1,0 +1,79 @@
+"""Object collectives and the TP-group generate used by tensor-parallel rollout engines."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar, cast
+
+import torch.distributed as dist
+
+from lrft.api.errors import LrftError
+from lrft.api.types import GenerationRequest, GenerationResult, SamplingParams
+
+T = TypeVar("T")
+
+GenerateFn = Callable[[Sequence[GenerationRequest], SamplingParams], list[GenerationResult]]
+
+
+def all_gather_objects(value: T, group: dist.ProcessGroup | None = None) -> list[T]:
+    """Every rank's ``value`` in group-rank order. Collective over ``group``."""
+    size = dist.get_world_size(group)
+    gathered: list[T | None] = [None] * size
+    dist.all_gather_object(gathered, value, group=group)
+    return cast(list[T], gathered)
+
+
+def broadcast_object(value: T | None, src: int, group: dist.ProcessGroup | None = None) -> T:
+    """``value`` from global rank ``src`` on every rank of ``group``. Collective over ``group``."""
+    box: list[T | None] = [value]
+    dist.broadcast_object_list(box, src=src, group=group)
+    result = box[0]
+    assert result is not None, "broadcast_object received None from the source rank"
+    return result
+
+
+def tp_group_generate(
+    generate: GenerateFn,
+    requests: Sequence[GenerationRequest],
+    params: SamplingParams,
+    group: dist.ProcessGroup | None,
+) -> list[GenerationResult]:
+    """Generate once for a whole TP group and hand each rank exactly its own results.
+
+    Collective over ``group``: the group's requests are gathered in group-rank order, ``generate``
+    runs on the concatenation on every rank (an SPMD engine computes it once across the group),
+    and each rank keeps the slice that belongs to its own requests, in their order. Each returned
+    result is checked against its request's prompt, so an engine that reorders results fails here
+    rather than silently pairing completions with the wrong prompts.
+    """
+    if group is None or dist.get_world_size(group) == 1:
+        return _checked(generate(requests, params), requests, params)
+    per_rank = all_gather_objects(list(requests), group)
+    everything = [request for rank_requests in per_rank for request in rank_requests]
+    results = _checked(generate(everything, params), everything, params)
+    me = dist.get_rank(group)
+    start = sum(len(rank_requests) for rank_requests in per_rank[:me]) * params.n
+    return results[start : start + len(requests) * params.n]
+
+
+def _checked(
+    results: list[GenerationResult],
+    requests: Sequence[GenerationRequest],
+    params: SamplingParams,
+) -> list[GenerationResult]:
+    expected = len(requests) * params.n
+    if len(results) != expected:
+        raise LrftError(
+            f"engine returned {len(results)} results for {len(requests)} requests x n={params.n} "
+            f"(expected {expected})"
+        )
+    for index, result in enumerate(results):
+        request = requests[index // params.n]
+        if result.prompt_token_ids != request.prompt_token_ids or result.sample_index != index % params.n:
+            raise LrftError(
+                f"engine result {index} (request_id {result.request_id!r}, sample "
+                f"{result.sample_index}) does not belong to request {index // params.n} "
+                f"(request_id {request.request_id!r}, sample {index % params.n}): results must be "
+                "request-major and in request order"
+            )
+    return results
