@@ -56,7 +56,11 @@ class WeightSource(Protocol):
 
 @runtime_checkable
 class FrozenModel(WeightSource, Protocol):
-    """A model wrapped for inference only (reference policy, reward model)."""
+    """A model wrapped for inference only (reference policy, reward model).
+
+    It holds no gradients or optimizer state: ``offload``/``reload`` of those parts raise
+    ``CapabilityNotSupported`` whatever the backend declares.
+    """
 
     @property
     def module(self) -> torch.nn.Module:
@@ -201,8 +205,9 @@ class RolloutEngine(Protocol):
     shapes equal) before any of it is copied: a bad batch raises ``WeightLoadError`` naming the
     tensor. An update that fails before copying anything changes nothing; one that fails after
     copying some tensors leaves the engine stale. A successful update sets ``weights_version``,
-    unless the weights were released (level 2) and the update did not cover every parameter:
-    then the engine stays stale. Tensors are cast to the engine's dtype on load.
+    unless the weights hold no complete version (released at level 2, or partly overwritten by a
+    failed update) and the update did not cover every parameter: then the engine stays stale.
+    Tensors are cast to the engine's dtype on load.
     """
 
     @property

@@ -1,0 +1,386 @@
+"""``hf`` rollout engine: a transformers causal LM in this process, the embedded default.
+
+Generation goes through transformers' ``generate`` (KV cache, left padding with an attention
+mask, chunks of at most ``max_batch_size`` sequences) with a ``GenerationConfig`` built from
+lrft's ``SamplingParams`` alone: the model's own generation defaults (a checkpoint's
+``generation_config.json``: EOS, top-k, repetition penalty, ...) are replaced by a neutral config
+when the engine takes the model, because transformers fills every unset field from them.
+
+Memory: the KV cache exists only inside a ``generate`` call, so sleeping frees it by returning
+the allocator's cached blocks. Level 1 parks the weights in host memory (pinned on CUDA) and
+level 2 frees their storage; on a CPU device level 1 has nothing to move. TP 1 only.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol, cast
+
+import attrs
+import torch
+from transformers import AutoModelForCausalLM, GenerationConfig
+
+from lrft.api import _validate as v
+from lrft.api.capabilities import EngineCapabilities
+from lrft.api.digest import tensor_digest
+from lrft.api.errors import CapabilityNotSupported
+from lrft.api.protocols import NamedTensors, WeightLoader
+from lrft.api.types import (
+    EnginePart,
+    EngineState,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    TensorSpec,
+    WeightsResidency,
+)
+from lrft.backends.rollout._lifecycle import EngineLifecycle
+
+# Left padding and the slots of finished rows hold this id; both are masked or cut off, so any
+# id in the vocabulary does.
+_PAD_ID = 0
+
+
+def _optional_device(value: str | torch.device | None) -> torch.device | None:
+    return None if value is None else torch.device(value)
+
+
+@attrs.frozen(kw_only=True)
+class HFEngineConfig:
+    """Settings of the ``hf`` engine.
+
+    dtype: the dtype the engine stores and computes in; ``None`` keeps the checkpoint's (from a
+        folder) or the module's own. Loaded weights are cast to it.
+    device: where the model lives; ``None`` is the current CUDA device when there is one, else
+        the CPU.
+    max_batch_size: sequences (requests x n) per ``generate`` call; bounds activation and KV-cache
+        memory, and the raw logits kept for logprobs (``steps x max_batch_size x vocab``).
+    """
+
+    dtype: torch.dtype | None = None
+    device: torch.device | None = attrs.field(default=None, converter=_optional_device)
+    max_batch_size: int = attrs.field(default=32, validator=v.positive)
+
+
+class _CausalLM(Protocol):
+    """The part of a transformers ``GenerationMixin`` model the engine calls."""
+
+    def generate(
+        self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_config: Any
+    ) -> Any: ...
+
+
+def _default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class HFRolloutEngine:
+    """A ``RolloutEngine`` (structurally) on a transformers causal LM; see ``lrft.api``.
+
+    The engine takes ownership of ``model``: it moves and casts it, replaces its generation
+    config, and frees or replaces its parameters' storage when sleeping. ``weights_version`` starts
+    at 0 (the weights it was built with).
+    """
+
+    def __init__(self, model: torch.nn.Module, *, config: HFEngineConfig | None = None) -> None:
+        self.config = config if config is not None else HFEngineConfig()
+        if not callable(getattr(model, "generate", None)):
+            raise TypeError(
+                f"the hf engine needs a transformers causal LM with generate(), got "
+                f"{type(model).__name__}"
+            )
+        self._device = self.config.device if self.config.device is not None else _default_device()
+        torch.nn.Module.to(model, device=self._device, dtype=self.config.dtype)
+        torch.nn.Module.eval(model)
+        model.requires_grad_(False)
+        # A plain setattr: nn.Module's typed __setattr__ only admits tensors and modules.
+        setattr(model, "generation_config", _new_generation_config())  # noqa: B010
+        self._model: torch.nn.Module | None = model
+        # named_parameters() lists a tied weight once; the other names it has become aliases.
+        self._params = dict(model.named_parameters())
+        canonical = {id(p): name for name, p in self._params.items()}
+        aliases = {
+            name: canonical[id(p)]
+            for name, p in model.named_parameters(remove_duplicate=False)
+            if name not in self._params
+        }
+        specs = {
+            name: TensorSpec(shape=tuple(p.shape), dtype=p.dtype)
+            for name, p in self._params.items()
+        }
+        self._capabilities = EngineCapabilities(
+            sleep_levels={1, 2},
+            sleep_frees_memory=self._device.type == "cuda",
+            max_tp=1,
+            returns_logprobs=True,
+        )
+        self._lifecycle = EngineLifecycle(
+            backend=self.name, capabilities=self._capabilities, specs=specs, aliases=aliases
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: str | os.PathLike[str], *, config: HFEngineConfig | None = None
+    ) -> HFRolloutEngine:
+        """An engine serving the Hugging Face model folder ``directory``."""
+        config = config if config is not None else HFEngineConfig()
+        dtype: torch.dtype | str = config.dtype if config.dtype is not None else "auto"
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+        return cls(model, config=config)
+
+    # --- description -------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return "hf"
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        return self._capabilities
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The wrapped transformers model (its parameters hold no data while asleep)."""
+        self._lifecycle.check_open()
+        assert self._model is not None  # cleared only by shutdown, checked above
+        return self._model
+
+    @property
+    def state(self) -> EngineState:
+        return self._lifecycle.state
+
+    @property
+    def weights_version(self) -> int | None:
+        return self._lifecycle.weights_version
+
+    def parameter_specs(self) -> Mapping[str, TensorSpec]:
+        return dict(self._lifecycle.specs)
+
+    # --- generation --------------------------------------------------------------------------
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[GenerationResult]:
+        """``params.n`` samples per request, request-major; see ``RolloutEngine.generate``."""
+        self._lifecycle.check_can_generate()
+        for request in requests:
+            if request.multimodal is not None:
+                raise CapabilityNotSupported(
+                    self.name, "multimodal", f"request {request.request_id!r} carries inputs"
+                )
+        rows = [(index, sample) for index in range(len(requests)) for sample in range(params.n)]
+        generation_config = _generation_config(params)
+        completions: list[tuple[list[int], FinishReason, list[float] | None]] = []
+        with self._seeded(params.seed), torch.inference_mode():
+            for start in range(0, len(rows), self.config.max_batch_size):
+                chunk = rows[start : start + self.config.max_batch_size]
+                prompts = [requests[index].prompt_token_ids for index, _ in chunk]
+                completions.extend(self._generate_chunk(prompts, params, generation_config))
+        return [
+            GenerationResult(
+                request_id=requests[index].request_id,
+                sample_index=sample,
+                prompt_token_ids=requests[index].prompt_token_ids,
+                output_token_ids=tokens,
+                finish_reason=reason,
+                logprobs=None if logprobs is None else tuple(logprobs),
+            )
+            for (index, sample), (tokens, reason, logprobs) in zip(rows, completions, strict=True)
+        ]
+
+    def _generate_chunk(
+        self,
+        prompts: Sequence[tuple[int, ...]],
+        params: SamplingParams,
+        generation_config: GenerationConfig,
+    ) -> list[tuple[list[int], FinishReason, list[float] | None]]:
+        width = max(len(prompt) for prompt in prompts)
+        input_ids = torch.full((len(prompts), width), _PAD_ID, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width - len(prompt) :] = 1
+        model = cast(_CausalLM, self.model)
+        output = model.generate(
+            input_ids=input_ids.to(self._device),
+            attention_mask=attention_mask.to(self._device),
+            generation_config=generation_config,
+        )
+        generated: torch.Tensor = output.sequences[:, width:]
+        logprobs = None
+        if params.return_logprobs:
+            raw_logits: tuple[torch.Tensor, ...] = output.logits
+            logprobs = _chosen_logprobs(raw_logits, generated, params).tolist()
+        stops = set(params.stop_token_ids)
+        results: list[tuple[list[int], FinishReason, list[float] | None]] = []
+        for row, tokens in enumerate(generated.tolist()):
+            length, reason = _finish(tokens, stops)
+            row_logprobs = None if logprobs is None else logprobs[row][:length]
+            results.append((tokens[:length], reason, row_logprobs))
+        return results
+
+    @contextmanager
+    def _seeded(self, seed: int | None) -> Iterator[None]:
+        """Seed the generators sampling uses, and restore them afterwards: the caller's RNG
+        streams are untouched, so seeding a rollout never changes the training's randomness."""
+        if seed is None:
+            yield
+            return
+        on_cuda = self._device.type == "cuda"
+        devices = [self._device] if on_cuda else []
+        with torch.random.fork_rng(devices=devices):
+            torch.default_generator.manual_seed(seed)
+            if on_cuda:
+                # Only this engine's device: torch.manual_seed would reseed every GPU's generator.
+                with torch.cuda.device(self._device):
+                    torch.cuda.manual_seed(seed)
+            yield
+
+    # --- memory ------------------------------------------------------------------------------
+
+    def sleep(self, level: int) -> None:
+        plan = self._lifecycle.plan_sleep(level)
+        if plan.weights_to is WeightsResidency.RELEASED and plan.moves_weights:
+            self._release_weights()
+        elif plan.weights_to is WeightsResidency.PARKED and plan.moves_weights:
+            self._park_weights()
+        self._empty_device_cache()
+        self._lifecycle.finish_sleep(plan)
+
+    def wake(
+        self, parts: Collection[EnginePart] = (EnginePart.WEIGHTS, EnginePart.KV_CACHE)
+    ) -> None:
+        plan = self._lifecycle.plan_wake(parts)
+        if plan.weights_from is WeightsResidency.PARKED:
+            self._restore_weights()
+        elif plan.weights_from is WeightsResidency.RELEASED:
+            self._allocate_weights()
+        # The KV cache needs nothing here: generate allocates it per call.
+        self._lifecycle.finish_wake(plan)
+
+    def _park_weights(self) -> None:
+        if self._device.type == "cpu":
+            return  # already in host memory
+        pin = self._device.type == "cuda"
+        for parameter in self._params.values():
+            host = torch.empty(parameter.shape, dtype=parameter.dtype, pin_memory=pin)
+            host.copy_(parameter.data)
+            parameter.data = host
+
+    def _restore_weights(self) -> None:
+        for parameter in self._params.values():
+            parameter.data = parameter.data.to(self._device, non_blocking=True)
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+
+    def _release_weights(self) -> None:
+        for parameter in self._params.values():
+            # Replacing the data drops the only reference to the old storage, which frees it.
+            parameter.data = torch.empty(0, dtype=parameter.dtype, device=self._device)
+
+    def _allocate_weights(self) -> None:
+        for name, parameter in self._params.items():
+            spec = self._lifecycle.specs[name]
+            parameter.data = torch.empty(spec.shape, dtype=spec.dtype, device=self._device)
+
+    def _empty_device_cache(self) -> None:
+        if self._device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # --- weights -----------------------------------------------------------------------------
+
+    def load_weights(self, named_tensors: NamedTensors, *, version: int) -> None:
+        with self.weight_update(version) as load:
+            load(named_tensors)
+
+    def weight_update(self, version: int) -> AbstractContextManager[WeightLoader]:
+        return self._lifecycle.weight_update(version, self._copy)
+
+    def _copy(self, batch: list[tuple[str, torch.Tensor]]) -> None:
+        with torch.no_grad():
+            for name, tensor in batch:
+                self._params[name].data.copy_(tensor)  # casts to the engine's dtype and device
+
+    def weights_digest(self) -> dict[str, str]:
+        self._lifecycle.check_weights_resident("read the weights digest")
+        return {name: tensor_digest(p.detach()) for name, p in self._params.items()}
+
+    # --- teardown ----------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        if self._lifecycle.close():
+            self._params.clear()
+            self._model = None
+            self._empty_device_cache()
+
+    def __enter__(self) -> HFRolloutEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+
+def _generation_config(params: SamplingParams) -> GenerationConfig:
+    """Every setting generate reads, from ``params``; nothing left to fill from model defaults."""
+    stops = list(params.stop_token_ids)
+    settings: dict[str, Any] = {
+        "max_new_tokens": params.max_new_tokens,
+        # transformers only suppresses EOS ids before min_new_tokens; with no stop ids there is
+        # nothing to suppress (and it warns about the unused setting).
+        "min_new_tokens": params.min_new_tokens if stops else 0,
+        "eos_token_id": stops or None,
+        "pad_token_id": _PAD_ID,
+        "num_beams": 1,
+        "num_return_sequences": 1,
+        "use_cache": True,
+        "return_dict_in_generate": True,
+        "output_logits": params.return_logprobs,
+    }
+    if params.greedy:
+        return _new_generation_config(do_sample=False, **settings)
+    return _new_generation_config(
+        do_sample=True,
+        temperature=params.temperature,
+        top_k=params.top_k,  # 0 disables it in transformers too
+        top_p=params.top_p,
+        **settings,
+    )
+
+
+def _new_generation_config(**settings: Any) -> GenerationConfig:
+    # transformers 5 declares GenerationConfig.__init__(self, **kwargs) without annotations.
+    return GenerationConfig(**settings)  # type: ignore[no-untyped-call]
+
+
+def _chosen_logprobs(
+    raw_logits: Sequence[torch.Tensor], generated: torch.Tensor, params: SamplingParams
+) -> torch.Tensor:
+    """``log_softmax(logits / T)`` of each generated token, from the model's raw logits (before
+    min-new-tokens suppression, top-k or top-p), shape ``(rows, steps)``."""
+    temperature = 1.0 if params.greedy else params.temperature
+    columns = []
+    for step, logits in enumerate(raw_logits):
+        logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
+        columns.append(logprobs.gather(1, generated[:, step, None])[:, 0])
+    return torch.stack(columns, dim=1).cpu()
+
+
+def _finish(tokens: Sequence[int], stops: set[int]) -> tuple[int, FinishReason]:
+    """The completion's length and why it ended: at the first stop id (kept) or at the limit.
+
+    Stop ids are suppressed before ``min_new_tokens``, so the first one is the one generate
+    stopped at; the tokens after it are padding of a finished row.
+    """
+    for position, token in enumerate(tokens):
+        if token in stops:
+            return position + 1, "stop"
+    return len(tokens), "length"

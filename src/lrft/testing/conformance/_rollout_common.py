@@ -1,0 +1,314 @@
+"""What the ``RolloutEngineSuite`` checks share: test models, the engine cache, the reference.
+
+Rank-side checks run inside ``RankPool`` workers (or directly in the test process, given a
+device). A worker keeps one engine per (suite class, model folder, device), because starting a
+real engine takes seconds; every check first puts it back into a known state (awake, the base
+weights under ``BASE_VERSION``), so checks never depend on each other's order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import PreTrainedModel, Qwen2ForCausalLM
+
+from lrft.api import (
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    RolloutEngine,
+    SamplingParams,
+    tensor_digest,
+)
+from lrft.testing.distributed import current_rank_context
+from lrft.testing.models import tiny_qwen2_config
+from lrft.testing.reference import load_reference_model
+
+if TYPE_CHECKING:
+    from lrft.testing.conformance.rollout import RolloutEngineSuite
+
+    Suite = type[RolloutEngineSuite[Any]]
+
+#: prompts of different lengths (1 to 8 tokens), so batches need padding
+PROMPTS: tuple[tuple[int, ...], ...] = (
+    (5, 17, 42, 9),
+    (100, 3, 77),
+    (250, 251, 252, 253, 254, 8, 61, 19),
+    (33,),
+    (7, 7, 120, 64, 200),
+)
+NEW_TOKENS = 12
+BASE_VERSION = 1
+LOGPROB_TOLERANCE = 1e-5
+# transformers' default initialisation (std 0.02) makes a random model repeat one token, which
+# makes greedy checks weak; much larger weights (0.5) blow activations up until the KV-cache and
+# full-recompute paths differ by ~6e-5 in logprob in fp32. At 0.12 greedy continuations are
+# varied and the two paths agree within ~3e-6, well inside LOGPROB_TOLERANCE.
+_INITIALIZER_RANGE = 0.12
+
+
+@attrs.frozen(kw_only=True)
+class EngineModels:
+    """Two Hugging Face folders of one architecture: the engine serves ``base_dir``; ``other_dir``
+    holds different weights (another seed) to load into it."""
+
+    base_dir: Path
+    other_dir: Path
+
+
+def save_test_model(directory: Path, seed: int) -> Path:
+    """A tiny fp32 Qwen2 (vocabulary 256) with seeded weights, saved as a Hugging Face folder."""
+    config = tiny_qwen2_config()
+    config.initializer_range = _INITIALIZER_RANGE
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+        for parameter in model.parameters():
+            # Norm weights start at 1 and biases at 0 whatever the seed; perturb them so that two
+            # seeds differ in every tensor and a load that skips any one of them is visible.
+            if bool((parameter == parameter.flatten()[0]).all()):
+                parameter.add_(torch.randn_like(parameter), alpha=0.05)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    return directory
+
+
+def make_engine_models(root: Path) -> EngineModels:
+    return EngineModels(
+        base_dir=save_test_model(root / "base", seed=0),
+        other_dir=save_test_model(root / "other", seed=1),
+    )
+
+
+# --- where a check runs -------------------------------------------------------------------------
+
+
+class SuiteCheck(Protocol):
+    """A rank-side check as the suite calls it: in a pool worker (``device=None``: the rank's
+    own) or directly in one process, as rank 0 on ``device``."""
+
+    __name__: str
+
+    def __call__(
+        self, suite: Suite, models: EngineModels, device: torch.device | None = None
+    ) -> None: ...
+
+
+def rank_check(check: Callable[[Suite, EngineModels, int, torch.device], None]) -> SuiteCheck:
+    """Make ``check(suite, models, rank, device)`` a ``SuiteCheck``."""
+
+    @functools.wraps(check)
+    def run(suite: Suite, models: EngineModels, device: torch.device | None = None) -> None:
+        if device is None:
+            context = current_rank_context()
+            rank, device = context.rank, context.device
+        else:
+            rank = 0
+        with _one_thread_on_cpu(device):
+            check(suite, models, rank, device)
+
+    return run
+
+
+@contextlib.contextmanager
+def _one_thread_on_cpu(device: torch.device) -> Iterator[None]:
+    # The test models are tiny: one thread computes them fastest, and several OpenMP threads
+    # spinning on CPU cores that other processes share slowed these checks 8-13x (measured).
+    if device.type != "cpu":
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def rank_prompts(rank: int) -> tuple[tuple[int, ...], ...]:
+    """``PROMPTS`` shifted per rank, so that ranks of one pool do not all compute the same."""
+    return tuple(tuple((token - 3 + 29 * rank) % 253 + 3 for token in p) for p in PROMPTS)
+
+
+def requests_for(prompts: Sequence[Sequence[int]]) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(prompt_token_ids=p, request_id=f"r{i}") for i, p in enumerate(prompts)
+    ]
+
+
+def version_of(engine: RolloutEngine) -> int | None:
+    """``engine.weights_version`` read afresh (a call, so type checkers do not narrow it across
+    the engine calls that change it)."""
+    return engine.weights_version
+
+
+def require_capability(engine: RolloutEngine, name: str) -> None:
+    """Skip (on every rank alike) unless ``engine`` declares the capability ``name``."""
+    if name not in engine.capabilities.names():
+        pytest.skip(f"{engine.name} engine lacks capability {name}")
+
+
+# --- engine cache -------------------------------------------------------------------------------
+
+_ENGINES: dict[tuple[type[Any], Path, str], RolloutEngine] = {}
+
+
+@functools.cache
+def model_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a folder written by ``save_test_model``, read with safetensors alone."""
+    return load_file(model_dir / "model.safetensors")
+
+
+def ready_engine(suite: Suite, models: EngineModels, device: torch.device) -> RolloutEngine:
+    """This worker's engine for ``suite``, awake and holding the base weights as BASE_VERSION."""
+    key = (suite, models.base_dir, str(device))
+    engine = _ENGINES.get(key)
+    if engine is None:
+        engine = _ENGINES[key] = suite.make_engine(models.base_dir, device)
+    engine.wake()
+    engine.load_weights(list(model_weights(models.base_dir).items()), version=BASE_VERSION)
+    state = engine.state
+    assert (state.awake, state.weights_version) == (True, BASE_VERSION), (
+        f"wake() and load_weights(version={BASE_VERSION}) left the engine in {state}"
+    )
+    return engine
+
+
+def take_engine(suite: Suite, models: EngineModels, device: torch.device) -> RolloutEngine:
+    """Like ``ready_engine``, but removed from the cache: for checks that shut it down."""
+    engine = ready_engine(suite, models, device)
+    del _ENGINES[(suite, models.base_dir, str(device))]
+    return engine
+
+
+def shutdown_cached_engines() -> None:
+    """Shut down every engine this process keeps (for test processes that used checks directly)."""
+    while _ENGINES:
+        _, engine = _ENGINES.popitem()
+        engine.shutdown()
+
+
+# --- the reference ------------------------------------------------------------------------------
+
+
+@functools.cache
+def reference_model(model_dir: Path, device: torch.device) -> PreTrainedModel:
+    return load_reference_model(model_dir, device)
+
+
+@functools.cache
+def reference_greedy(
+    model_dir: Path,
+    device: torch.device,
+    prompt: tuple[int, ...],
+    max_new_tokens: int = NEW_TOKENS,
+    stop_token_ids: tuple[int, ...] = (),
+    min_new_tokens: int = 0,
+) -> tuple[tuple[int, ...], FinishReason]:
+    """Greedy decoding by hand: a full forward pass per token (no KV cache, no padding), stop
+    ids masked out before ``min_new_tokens``, ending after the first stop id or the limit."""
+    model = reference_model(model_dir, device)
+    ids = list(prompt)
+    with torch.no_grad():
+        for step in range(max_new_tokens):
+            logits = model(torch.tensor([ids], device=device)).logits[0, -1]
+            if step < min_new_tokens and stop_token_ids:
+                logits[list(stop_token_ids)] = float("-inf")
+            token = int(torch.argmax(logits).item())
+            ids.append(token)
+            if token in stop_token_ids:
+                return tuple(ids[len(prompt) :]), "stop"
+    return tuple(ids[len(prompt) :]), "length"
+
+
+def reference_digests(model_dir: Path, engine: RolloutEngine) -> dict[str, str]:
+    """Digests of the folder's tensors cast to the dtypes the engine says it stores."""
+    specs = engine.parameter_specs()
+    weights = model_weights(model_dir)
+    return {name: tensor_digest(weights[name].to(specs[name].dtype)) for name in specs}
+
+
+def backdoor_digests(suite: Suite, engine: RolloutEngine) -> dict[str, str]:
+    """Digests of the weights read through the suite's backdoor, not through the engine's API."""
+    return {name: tensor_digest(t) for name, t in suite.read_engine_weights(engine).items()}
+
+
+# --- checks on results --------------------------------------------------------------------------
+
+
+def assert_request_major(
+    results: Sequence[GenerationResult], requests: Sequence[GenerationRequest], n: int
+) -> None:
+    """Results must be ``len(requests) * n`` long, sample ``j`` of request ``i`` at ``i * n + j``."""
+    assert len(results) == len(requests) * n, (
+        f"{len(results)} results for {len(requests)} requests x n={n}"
+    )
+    for index, result in enumerate(results):
+        request, sample = requests[index // n], index % n
+        assert (result.request_id, result.prompt_token_ids, result.sample_index) == (
+            request.request_id,
+            request.prompt_token_ids,
+            sample,
+        ), (
+            f"result {index} is sample {result.sample_index} of request {result.request_id!r} "
+            f"(prompt {result.prompt_token_ids}), but position {index} belongs to sample {sample} "
+            f"of request {request.request_id!r} (prompt {request.prompt_token_ids}): results "
+            "must be request-major, in request order"
+        )
+
+
+def greedy_outputs(
+    engine: RolloutEngine, prompts: Sequence[tuple[int, ...]], **overrides: Any
+) -> list[tuple[tuple[int, ...], FinishReason]]:
+    """The engine's greedy completions (tokens, finish reason) of ``prompts``, in order."""
+    params = SamplingParams(**{"temperature": 0.0, "max_new_tokens": NEW_TOKENS, **overrides})
+    requests = requests_for(prompts)
+    results = engine.generate(requests, params)
+    assert_request_major(results, requests, params.n)
+    return [(r.output_token_ids, r.finish_reason) for r in results]
+
+
+def assert_matches_reference(
+    got: Sequence[tuple[tuple[int, ...], FinishReason]],
+    prompts: Sequence[tuple[int, ...]],
+    model_dir: Path,
+    device: torch.device,
+    what: str,
+) -> None:
+    for prompt, completion in zip(prompts, got, strict=True):
+        want = reference_greedy(model_dir, device, prompt)
+        assert completion == want, (
+            f"{what}: prompt {prompt}: engine gave {completion}, the reference greedy decode of "
+            f"{model_dir.name} gives {want}"
+        )
+
+
+def assert_close_logprobs(got: Sequence[float] | None, want: Sequence[float], where: str) -> None:
+    assert got is not None, f"{where}: return_logprobs=True but the result has no logprobs"
+    assert len(got) == len(want), f"{where}: {len(got)} logprobs for {len(want)} tokens"
+    worst = max(range(len(want)), key=lambda i: abs(got[i] - want[i]))
+    assert abs(got[worst] - want[worst]) <= LOGPROB_TOLERANCE, (
+        f"{where}: token {worst} has logprob {got[worst]:.7f}, the reference log_softmax gives "
+        f"{want[worst]:.7f} (tolerance {LOGPROB_TOLERANCE})"
+    )
+
+
+def first_differing_tensor(
+    held: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]
+) -> str | None:
+    """The first name whose held tensor is not exactly ``expected`` (cast to the held dtype)."""
+    for name in sorted(expected):
+        tensor = held.get(name)
+        if tensor is None:
+            return name
+        if not torch.equal(tensor.detach().cpu(), expected[name].to(tensor.dtype)):
+            return name
+    return None
