@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -49,7 +51,7 @@ def test_tp_groups_are_consecutive_and_dp_groups_strided(layout: RolloutLayout) 
         assert list(group) == list(range(group[0], group[0] + layout.tp_size))
         assert group[0] % layout.tp_size == 0
     for group in layout.dp_groups:
-        assert all(b - a == layout.tp_size for a, b in zip(group, group[1:], strict=False))
+        assert all(b - a == layout.tp_size for a, b in itertools.pairwise(group))
 
 
 def test_known_layout_by_hand() -> None:

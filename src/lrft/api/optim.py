@@ -8,11 +8,18 @@ and a warm-up followed by a constant, linear or cosine schedule.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Literal
 
 import attrs
 
 from lrft.api import _validate as v
+
+
+def _float_tuple(value: Iterable[float]) -> tuple[float, ...]:
+    # A typed converter: with ``converter=tuple`` mypy's attrs plugin types the argument as an
+    # unsolved ``Iterable[_T_co]`` and rejects every call that passes ``betas``.
+    return tuple(value)
 
 
 def _betas(
@@ -28,7 +35,7 @@ class OptimizerConfig:
 
     lr: float = attrs.field(default=1e-6, validator=[v.finite, v.positive])
     betas: tuple[float, float] = attrs.field(
-        default=(0.9, 0.999), converter=tuple, validator=_betas
+        default=(0.9, 0.999), converter=_float_tuple, validator=_betas
     )
     eps: float = attrs.field(default=1e-8, validator=v.positive)
     weight_decay: float = attrs.field(default=0.0, validator=[v.finite, v.non_negative])

@@ -203,8 +203,9 @@ class RolloutEngine(Protocol):
     Weights: ``load_weights(tensors, version=v)`` is one complete update; ``weight_update(v)`` is
     the streaming form (many batches, one version). Every batch is validated whole (names known,
     shapes equal) before any of it is copied: a bad batch raises ``WeightLoadError`` naming the
-    tensor. An update that fails before copying anything changes nothing; one that fails after
-    copying some tensors leaves the engine stale. A successful update sets ``weights_version``,
+    tensor. A refused ``load_weights`` changes nothing, freshness included. A ``weight_update``
+    block that raises leaves the engine stale even if it copied nothing (its caller meant to
+    replace the weights and did not); the weights themselves change only by what was copied. A successful update sets ``weights_version``,
     unless the weights hold no complete version (released at level 2, or partly overwritten by a
     failed update) and the update did not cover every parameter: then the engine stays stale.
     Tensors are cast to the engine's dtype on load.
@@ -246,8 +247,8 @@ class RolloutEngine(Protocol):
 
     def weight_update(self, version: int) -> AbstractContextManager[WeightLoader]:
         """Open a streaming update: the engine is stale from entry until a clean exit, which sets
-        ``weights_version = version`` (subject to the level-2 completeness rule). An exception
-        inside the block leaves the engine stale if anything was copied, unchanged otherwise."""
+        ``weights_version = version`` (subject to the completeness rule above). An exception
+        inside the block leaves the engine stale."""
         ...
 
     def weights_digest(self) -> dict[str, str]:

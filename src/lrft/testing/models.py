@@ -30,17 +30,27 @@ def tiny_qwen2_config(
     )
 
 
+# transformers' default initialisation (std 0.02) makes a random model repeat one token, which
+# makes greedy checks weak; much larger weights (0.5) blow activations up until the KV-cache and
+# full-recompute paths differ by ~6e-5 in logprob in fp32. At 0.12 greedy continuations are
+# varied and the two paths agree within ~3e-6.
+INITIALIZER_RANGE = 0.12
+
+
 def tiny_causal_lm(seed: int = 0, *, tie_word_embeddings: bool = False) -> PreTrainedModel:
     """A freshly initialised tiny Qwen2 causal LM in fp32; the same ``seed`` gives the same weights.
 
-    The initialisation is scaled up from transformers' default (std 0.02) so that greedy decoding
-    of a random model does not collapse onto one token, which would make generation tests weak.
+    Every tensor depends on the seed: norm weights (which start at 1) and biases (at 0) are
+    perturbed, so that two seeds differ in every tensor and a load that skips one is visible.
     """
     config = tiny_qwen2_config(tie_word_embeddings=tie_word_embeddings)
-    config.initializer_range = 0.5
-    with torch.random.fork_rng(devices=[]):
+    config.initializer_range = INITIALIZER_RANGE
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
+        for parameter in model.parameters():
+            if bool((parameter == parameter.flatten()[0]).all()):
+                parameter.add_(torch.randn_like(parameter), alpha=0.05)
     torch.nn.Module.eval(model)  # PreTrainedModel re-declares eval without annotations
     return model
 

@@ -233,7 +233,6 @@ class EngineLifecycle:
         """The contract's update rules around an adapter's ``copy``; see ``RolloutEngine``."""
         self.check_weights_resident("load weights")
         self._check_not_updating("open a weight update")
-        previous = self._version
         self._version = None  # stale from entry until a clean exit
         self._updating = True
         covered: set[str] = set()
@@ -251,10 +250,10 @@ class EngineLifecycle:
         try:
             yield load
         except BaseException:
+            # Stale even if nothing was copied: the caller meant to replace these weights and
+            # did not, so serving them as current would be serving stale weights.
             if copied_any:
                 self._needs_complete_update = True
-            else:
-                self._version = previous
             raise
         finally:
             self._updating = False
@@ -262,6 +261,13 @@ class EngineLifecycle:
             return  # still stale: part of the weights holds no version
         self._version = version
         self._needs_complete_update = False
+
+    def load_weights(self, named_tensors: NamedTensors, version: int, copy: CopyBatch) -> None:
+        """One complete update; a refused batch changes nothing, freshness included."""
+        self.check_weights_resident("load weights")
+        batch = validate_batch(named_tensors, self.specs, self.aliases)
+        with self.weight_update(version, copy) as load:
+            load(batch)
 
     def close(self) -> bool:
         """Mark the engine shut down; True the first time (the adapter then frees resources)."""

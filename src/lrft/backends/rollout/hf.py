@@ -299,8 +299,7 @@ class HFRolloutEngine:
     # --- weights -----------------------------------------------------------------------------
 
     def load_weights(self, named_tensors: NamedTensors, *, version: int) -> None:
-        with self.weight_update(version) as load:
-            load(named_tensors)
+        self._lifecycle.load_weights(named_tensors, version, self._copy)
 
     def weight_update(self, version: int) -> AbstractContextManager[WeightLoader]:
         return self._lifecycle.weight_update(version, self._copy)

@@ -18,7 +18,7 @@ import attrs
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import PreTrainedModel, Qwen2ForCausalLM
+from transformers import PreTrainedModel
 
 from lrft.api import (
     FinishReason,
@@ -29,7 +29,7 @@ from lrft.api import (
     tensor_digest,
 )
 from lrft.testing.distributed import current_rank_context
-from lrft.testing.models import tiny_qwen2_config
+from lrft.testing.models import save_tiny_causal_lm
 from lrft.testing.reference import load_reference_model
 
 if TYPE_CHECKING:
@@ -48,11 +48,6 @@ PROMPTS: tuple[tuple[int, ...], ...] = (
 NEW_TOKENS = 12
 BASE_VERSION = 1
 LOGPROB_TOLERANCE = 1e-5
-# transformers' default initialisation (std 0.02) makes a random model repeat one token, which
-# makes greedy checks weak; much larger weights (0.5) blow activations up until the KV-cache and
-# full-recompute paths differ by ~6e-5 in logprob in fp32. At 0.12 greedy continuations are
-# varied and the two paths agree within ~3e-6, well inside LOGPROB_TOLERANCE.
-_INITIALIZER_RANGE = 0.12
 
 
 @attrs.frozen(kw_only=True)
@@ -64,27 +59,10 @@ class EngineModels:
     other_dir: Path
 
 
-def save_test_model(directory: Path, seed: int) -> Path:
-    """A tiny fp32 Qwen2 (vocabulary 256) with seeded weights, saved as a Hugging Face folder."""
-    config = tiny_qwen2_config()
-    config.initializer_range = _INITIALIZER_RANGE
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-        for parameter in model.parameters():
-            # Norm weights start at 1 and biases at 0 whatever the seed; perturb them so that two
-            # seeds differ in every tensor and a load that skips any one of them is visible.
-            if bool((parameter == parameter.flatten()[0]).all()):
-                parameter.add_(torch.randn_like(parameter), alpha=0.05)
-    directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory)
-    return directory
-
-
 def make_engine_models(root: Path) -> EngineModels:
     return EngineModels(
-        base_dir=save_test_model(root / "base", seed=0),
-        other_dir=save_test_model(root / "other", seed=1),
+        base_dir=save_tiny_causal_lm(root / "base", seed=0),
+        other_dir=save_tiny_causal_lm(root / "other", seed=1),
     )
 
 
@@ -163,7 +141,7 @@ _ENGINES: dict[tuple[type[Any], Path, str], RolloutEngine] = {}
 
 @functools.cache
 def model_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a folder written by ``save_test_model``, read with safetensors alone."""
+    """The tensors of a folder written by ``save_tiny_causal_lm``, read with safetensors alone."""
     return load_file(model_dir / "model.safetensors")
 
 

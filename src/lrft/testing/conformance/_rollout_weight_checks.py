@@ -241,13 +241,17 @@ def check_bad_batch_changes_nothing(
     for culprit, batch in bad_batches.items():
         with pytest.raises(WeightLoadError, match=culprit.replace(".", r"\.")):
             engine.load_weights(batch, version=5)
+        after = (engine.state, engine.weights_digest(), backdoor_digests(suite, engine))
+        assert after == before, f"a load_weights refused for {culprit!r} changed the engine"
         with (
             pytest.raises(WeightLoadError, match=culprit.replace(".", r"\.")),
             engine.weight_update(6) as load,
         ):
             load(batch)
-        after = (engine.state, engine.weights_digest(), backdoor_digests(suite, engine))
-        assert after == before, f"a batch refused for {culprit!r} changed the engine"
+        assert engine.weights_version is None, "a failed weight_update left the engine fresh"
+        held = (engine.weights_digest(), backdoor_digests(suite, engine))
+        assert held == before[1:], f"a weight_update refused for {culprit!r} changed weights"
+        engine.load_weights(list(model_weights(models.base_dir).items()), version=BASE_VERSION)
     got = greedy_outputs(engine, prompts)
     assert_matches_reference(got, prompts, models.base_dir, device, "after refused batches")
 
@@ -269,9 +273,11 @@ def check_weight_update_stream(
     assert_matches_reference(
         greedy_outputs(engine, prompts), prompts, models.other_dir, device, "streamed update"
     )
+    digest = engine.weights_digest()
     with pytest.raises(RuntimeError, match="before copying"), engine.weight_update(5):
         raise RuntimeError("failed before copying")
-    assert version_of(engine) == 4, f"an update that copied nothing changed: {engine.state}"
+    assert engine.weights_version is None, f"fresh after a failed update: {engine.state}"
+    assert engine.weights_digest() == digest, "an update that copied nothing changed weights"
     base = list(model_weights(models.base_dir).items())
     with pytest.raises(RuntimeError, match="after copying"):
         _fail_after_copying(engine, base[:half], version=6)

@@ -39,7 +39,8 @@ class RolloutLayoutSuite(DistributedSuite, abc.ABC, Generic[E]):
         """An engine serving ``model_dir`` on this rank's device (called inside a rank)."""
 
     @pytest.fixture(scope="class")
-    def model_dir(self, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    @classmethod
+    def model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
         return save_tiny_causal_lm(tmp_path_factory.mktemp("layout-model"), seed=0)
 
     def test_groups_hold_the_layout_ranks(self, pool: RankPool) -> None:

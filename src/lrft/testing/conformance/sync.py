@@ -80,7 +80,8 @@ class WeightSyncSuite(DistributedSuite, abc.ABC, Generic[S]):
         """Backdoor: the engine's weights in Hugging Face names, read without its API."""
 
     @pytest.fixture(scope="class")
-    def model_dir(self, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    @classmethod
+    def model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
         return save_tiny_causal_lm(tmp_path_factory.mktemp("sync-model"), seed=0)
 
     def test_sync_after_training_matches_trainer_and_reference(
@@ -136,12 +137,16 @@ def _gathered(source: TrainableModel) -> dict[str, torch.Tensor]:
 
 
 def _greedy(engine: RolloutEngine) -> list[tuple[int, ...]]:
-    requests = [GenerationRequest(prompt_token_ids=p, request_id=str(i)) for i, p in enumerate(PROMPTS)]
+    requests = [
+        GenerationRequest(prompt_token_ids=p, request_id=str(i)) for i, p in enumerate(PROMPTS)
+    ]
     params = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS)
     return [result.output_token_ids for result in engine.generate(requests, params)]
 
 
-def _reference_greedy(model_dir: Path, weights: Mapping[str, torch.Tensor]) -> list[tuple[int, ...]]:
+def _reference_greedy(
+    model_dir: Path, weights: Mapping[str, torch.Tensor]
+) -> list[tuple[int, ...]]:
     model = model_with_weights(model_dir, weights)
     return [tuple(greedy_continuation(model, prompt, NEW_TOKENS)) for prompt in PROMPTS]
 
@@ -163,7 +168,8 @@ def _sync_after_training(
         nbytes = sum(t.numel() for t in weights.values()) * dtype.itemsize
         assert report.bytes == nbytes, f"report.bytes {report.bytes} != {nbytes}"
         assert report.buckets > 1, "a 3 KiB bound must split the model into several buckets"
-        assert report.version == 7 and report.verified
+        assert report.version == 7
+        assert report.verified
         if dtype == torch.float32:
             assert _greedy(engine) == _reference_greedy(model_dir, weights)
 
@@ -235,8 +241,8 @@ class CorruptInTransit:
     def _update(self, version: int) -> Iterator[WeightLoader]:
         with self._engine.weight_update(version) as load:
 
-            def corrupt(named: NamedTensors) -> None:
-                (name, first), *rest = named
+            def corrupt(named_tensors: NamedTensors) -> None:
+                (name, first), *rest = named_tensors
                 load([(name, first + 1), *rest])
 
             yield corrupt

@@ -1,0 +1,119 @@
+"""``TrainBackendSuite[B]``: the conformance suite every ``TrainBackend`` must pass.
+
+A backend's test module is a short subclass: it says how to build the backend on a rank and how
+to read the backend's state through a backdoor that bypasses the API under test::
+
+    class TestMyBackendWorld2(TrainBackendSuite[MyBackend]):
+        world_size = 2
+
+        @classmethod
+        def make_backend(cls) -> MyBackend:
+            return MyBackend(MyConfig())
+
+        @classmethod
+        def parameter_shards(cls, model: FrozenModel) -> dict[str, torch.Tensor]: ...
+        @classmethod
+        def optimizer_state(cls, model: TrainableModel) -> dict[str, torch.Tensor]: ...
+        @classmethod
+        def gathered_parameters(cls, model: FrozenModel) -> dict[str, torch.Tensor]: ...
+
+Every test runs its body on all ranks of the harness's pool (``RankPool.run``). The reference is
+a plain single-process copy of the model trained inside each rank on the whole batch, while the
+backend trains on each rank's equal share. Optional behaviour is gated by the backend's declared
+capabilities; a test that needs one the backend does not declare is skipped with a reason that
+names it. ``make_backend`` must build a backend that computes in fp32 (the suite compares with an
+fp32 reference at 1e-5).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Generic, TypeVar
+
+import torch
+
+from lrft.api.protocols import FrozenModel, TrainableModel, TrainBackend
+from lrft.testing.conformance import _train_ranks as ranks
+from lrft.testing.distributed import DistributedSuite, RankPool
+from lrft.testing.models import tiny_causal_lm
+
+B = TypeVar("B", bound=TrainBackend)
+
+
+class TrainBackendSuite(DistributedSuite, Generic[B], abc.ABC):
+    """Conformance tests of a ``TrainBackend``; subclass it once per backend and world size."""
+
+    # --- what a subclass supplies --------------------------------------------------------------
+
+    @classmethod
+    @abc.abstractmethod
+    def make_backend(cls) -> B:
+        """Build the backend on the current rank (the default process group exists), in fp32."""
+
+    @classmethod
+    @abc.abstractmethod
+    def parameter_shards(cls, model: FrozenModel) -> dict[str, torch.Tensor]:
+        """Backdoor: this rank's own piece of every parameter (its shard, or the whole tensor
+        where the backend replicates it), the live tensors wherever they are now, keyed by any
+        stable name. Must not go through ``full_weights``, ``offload`` or ``reload``."""
+
+    @classmethod
+    @abc.abstractmethod
+    def optimizer_state(cls, model: TrainableModel) -> dict[str, torch.Tensor]:
+        """Backdoor: this rank's optimizer state tensors that scale with the parameters (AdamW's
+        first and second moments; not scalar step counters), live, keyed by any stable name."""
+
+    @classmethod
+    @abc.abstractmethod
+    def gathered_parameters(cls, model: FrozenModel) -> dict[str, torch.Tensor]:
+        """Backdoor: every parameter at full shape in Hugging Face names (e.g. ``full_tensor()``
+        of the module's DTensor parameters), without ``full_weights``. Collective."""
+
+    @classmethod
+    def make_model(cls, seed: int, *, tie_word_embeddings: bool = False) -> torch.nn.Module:
+        """The model trained by the backend and, separately built, by the reference."""
+        return tiny_causal_lm(seed, tie_word_embeddings=tie_word_embeddings)
+
+    # --- the tests ------------------------------------------------------------------------------
+
+    def test_satisfies_protocols(self, pool: RankPool) -> None:
+        pool.run(ranks.satisfies_protocols, type(self))
+
+    def test_training_matches_reference(self, pool: RankPool) -> None:
+        diffs = pool.run(ranks.training_matches_reference, type(self), steps=3)
+        print(f"parity after 3 steps at world {len(diffs)}: max abs diff {max(diffs):.2e}")
+
+    def test_accumulated_micro_batches_match_one_batch(self, pool: RankPool) -> None:
+        diffs = pool.run(ranks.accumulation_matches_one_batch, type(self), micro_batches=2)
+        print(f"2 micro-batches at world {len(diffs)}: max abs diff {max(diffs):.2e}")
+
+    def test_non_finite_gradient_skips_step(self, pool: RankPool) -> None:
+        diffs = pool.run(ranks.non_finite_gradient_skips_step, type(self))
+        print(f"after a skipped step at world {len(diffs)}: max abs diff {max(diffs):.2e}")
+
+    def test_full_weights_are_complete_exact_and_bucketed(self, pool: RankPool) -> None:
+        pool.run(ranks.full_weights_complete_exact_bucketed, type(self))
+
+    def test_offload_reload_parameters(self, pool: RankPool) -> None:
+        pool.run(ranks.offload_reload_parameters, type(self))
+
+    def test_offload_reload_optimizer(self, pool: RankPool) -> None:
+        pool.run(ranks.offload_reload_optimizer, type(self))
+
+    def test_offload_reload_gradients(self, pool: RankPool) -> None:
+        pool.run(ranks.offload_reload_gradients, type(self))
+
+    def test_offload_everything_mid_accumulation(self, pool: RankPool) -> None:
+        pool.run(ranks.offload_everything_mid_accumulation, type(self))
+
+    def test_undeclared_offload_raises(self, pool: RankPool) -> None:
+        pool.run(ranks.undeclared_offload_raises, type(self))
+
+    def test_save_load_resumes_bit_exactly(self, pool: RankPool) -> None:
+        pool.run(ranks.save_load_resumes_bit_exactly, type(self))
+
+    def test_frozen_model_matches_plain_model(self, pool: RankPool) -> None:
+        pool.run(ranks.frozen_matches_plain_model, type(self))
+
+    def test_frozen_offload_reload(self, pool: RankPool) -> None:
+        pool.run(ranks.frozen_offload_reload, type(self))
