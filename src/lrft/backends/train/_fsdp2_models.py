@@ -1,0 +1,272 @@
+"""The handles the ``fsdp2`` backend returns: frozen and trainable FSDP2-sharded models."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from lrft.api.errors import CapabilityNotSupported, LrftError
+from lrft.api.types import Location, ModelPart, Placement, StepReport
+from lrft.backends.train import _fsdp2_checkpoint as checkpoint
+
+NAME = "fsdp2"
+
+# Segments that wrappers insert into parameter names (torch.compile, activation checkpointing,
+# FSDP1); fully_shard itself keeps the original names.
+_WRAPPER_SEGMENTS = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
+
+
+def hf_name(name: str) -> str:
+    """``name`` without the segments wrapper modules add, i.e. the Hugging Face name."""
+    for segment in _WRAPPER_SEGMENTS:
+        name = name.replace(segment, "")
+    return name
+
+
+@torch.no_grad()
+def _full_tensor(param: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if not isinstance(param, DTensor):
+        return param.detach()
+    if param.device != device:
+        # Offloaded (or CPUOffloadPolicy) shards: gather on the compute device, whose process
+        # group backend (NCCL) cannot read host memory.
+        moved = param.to(device)
+        assert isinstance(moved, DTensor)
+        param = moved
+    return param.full_tensor()
+
+
+class FSDP2FrozenModel:
+    """A model sharded with FSDP2 for inference. ``offload`` moves its parameters only."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        *,
+        device: torch.device,
+        movable: frozenset[ModelPart],
+        host_resident: bool,
+    ) -> None:
+        """``movable``: the parts the backend declares it can offload; ``host_resident``: FSDP2
+        keeps every part on the host (CPUOffloadPolicy), so nothing needs the device."""
+        self._module = module
+        self._device = device
+        self._movable = movable & self._parts()
+        self._host_resident = host_resident
+        where = Location.HOST if host_resident else Location.DEVICE
+        self._locations = dict.fromkeys(ModelPart, where)
+
+    def _parts(self) -> frozenset[ModelPart]:
+        return frozenset({ModelPart.PARAMETERS})
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self._module
+
+    @property
+    def placement(self) -> Placement:
+        """A frozen model has no gradients or optimizer state: they are reported where its
+        parameters are."""
+        where = self._locations[ModelPart.PARAMETERS]
+        return Placement(parameters=where, gradients=where, optimizer=where)
+
+    def full_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Greedy in-order buckets of gathered parameters, on the device (gathered there even
+        while the parameters are offloaded). Collective."""
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+        return self._buckets(bucket_bytes)
+
+    def _buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, param in self._module.named_parameters():
+            # The size is known from the global shape before gathering, so the previous bucket
+            # is handed out (and can be released) before the next tensor is materialised.
+            nbytes = param.numel() * param.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((hf_name(name), _full_tensor(param, self._device)))
+            size += nbytes
+        if bucket:
+            yield bucket
+
+    def offload(self, parts: Collection[ModelPart]) -> None:
+        checked = self._checked(parts)
+        self._before_offload(checked)
+        for part in checked:
+            if self._locations[part] is Location.DEVICE:
+                self._move_part(part, torch.device("cpu"))
+                self._locations[part] = Location.HOST
+
+    def reload(self, parts: Collection[ModelPart]) -> None:
+        for part in self._checked(parts):
+            if self._locations[part] is Location.HOST:
+                self._move_part(part, self._device)
+                self._locations[part] = Location.DEVICE
+        self._after_reload()
+
+    def _before_offload(self, parts: Collection[ModelPart]) -> None:
+        """Hook for state that must be set aside before ``parts`` move."""
+
+    def _after_reload(self) -> None:
+        """Hook for state that can be restored once parts are back on the device."""
+
+    def _checked(self, parts: Collection[ModelPart]) -> list[ModelPart]:
+        parts = [ModelPart(part) for part in parts]
+        for part in parts:
+            if part not in self._movable:
+                raise CapabilityNotSupported(
+                    NAME, f"offload_{part.value}", f"{type(self).__name__} cannot move {part.value}"
+                )
+        return parts
+
+    def _move_part(self, part: ModelPart, device: torch.device) -> None:
+        assert part is ModelPart.PARAMETERS, part
+        # FSDPModule._apply reshards first and re-registers the moved shards with FSDP; the
+        # Parameter objects are swapped in place, so the optimizer's references stay valid.
+        self._module.to(device)
+
+    def _require_on_device(self, parts: Collection[ModelPart], action: str) -> None:
+        if self._host_resident:
+            return
+        away = [part.value for part in parts if self._locations[part] is Location.HOST]
+        if away:
+            raise LrftError(f"{action} needs {', '.join(away)} on the device: reload them first")
+
+
+class FSDP2TrainableModel(FSDP2FrozenModel):
+    """A model sharded with FSDP2, with AdamW over its shards and a LambdaLR schedule."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.AdamW,
+        scheduler: LambdaLR,
+        *,
+        max_grad_norm: float,
+        device: torch.device,
+        movable: frozenset[ModelPart],
+        host_resident: bool,
+    ) -> None:
+        super().__init__(module, device=device, movable=movable, host_resident=host_resident)
+        self._optimizer = optimizer
+        self._scheduler = scheduler
+        self._max_grad_norm = max_grad_norm
+        self._params = [p for group in optimizer.param_groups for p in group["params"]]
+        self._steps = 0
+        # Gradients set aside while they or their parameters are off the device: a parameter's
+        # .grad must live on the parameter's device.
+        self._detached_grads: dict[torch.nn.Parameter, torch.Tensor] = {}
+
+    def _parts(self) -> frozenset[ModelPart]:
+        return frozenset(ModelPart)
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(
+            parameters=self._locations[ModelPart.PARAMETERS],
+            gradients=self._locations[ModelPart.GRADIENTS],
+            optimizer=self._locations[ModelPart.OPTIMIZER],
+        )
+
+    @property
+    def optimizer(self) -> torch.optim.AdamW:
+        return self._optimizer
+
+    @property
+    def scheduler(self) -> LambdaLR:
+        return self._scheduler
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self._steps
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self._require_on_device((ModelPart.PARAMETERS, ModelPart.GRADIENTS), "backward")
+        torch.autograd.backward(loss)
+
+    def step(self) -> StepReport:
+        self._require_on_device(tuple(ModelPart), "step")
+        grads = [p.grad for p in self._params if p.grad is not None]
+        total_norm = _global_norm(grads, self._device)
+        norm = float(total_norm)
+        lr = float(self._optimizer.param_groups[0]["lr"])
+        if not math.isfinite(norm):
+            self._optimizer.zero_grad(set_to_none=True)
+            return StepReport(optimizer_steps=self._steps, grad_norm=norm, skipped=True, lr=lr)
+        if self._max_grad_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_(self._params, self._max_grad_norm, total_norm)
+        self._optimizer.step()
+        self._scheduler.step()
+        self._optimizer.zero_grad(set_to_none=True)
+        self._steps += 1
+        return StepReport(optimizer_steps=self._steps, grad_norm=norm, skipped=False, lr=lr)
+
+    def save(self, directory: Path) -> None:
+        self._require_on_device((ModelPart.PARAMETERS, ModelPart.OPTIMIZER), "save")
+        checkpoint.save(
+            directory, self._module, self._optimizer, self._scheduler, optimizer_steps=self._steps
+        )
+
+    def load(self, directory: Path) -> None:
+        self._require_on_device((ModelPart.PARAMETERS, ModelPart.OPTIMIZER), "load")
+        self._steps = checkpoint.load(directory, self._module, self._optimizer, self._scheduler)
+
+    def _move_part(self, part: ModelPart, device: torch.device) -> None:
+        if part is ModelPart.OPTIMIZER:
+            for state in self._optimizer.state.values():
+                for key, value in state.items():
+                    # AdamW keeps its step counter on the host unless capturable: leave it.
+                    # DTensor.to moves the local shard and keeps mesh and placements, where
+                    # DTensor.from_local would move a host shard back to the mesh's device.
+                    if isinstance(value, torch.Tensor) and key != "step":
+                        state[key] = value.to(device)
+        elif part is ModelPart.GRADIENTS:
+            for param, grad in self._detached_grads.items():
+                self._detached_grads[param] = grad.to(device)
+        else:
+            super()._move_part(part, device)
+
+    def _before_offload(self, parts: Collection[ModelPart]) -> None:
+        # module.to() would carry .grad along with the parameters, and a .grad must live on its
+        # parameter's device: set gradients aside while either of them is off the device.
+        if ModelPart.PARAMETERS in parts or ModelPart.GRADIENTS in parts:
+            for param in self._params:
+                if param.grad is not None:
+                    self._detached_grads[param] = param.grad
+                    param.grad = None
+
+    def _after_reload(self) -> None:
+        home = (ModelPart.PARAMETERS, ModelPart.GRADIENTS)
+        if all(self._locations[part] is Location.DEVICE for part in home):
+            for param, grad in self._detached_grads.items():
+                param.grad = grad
+            self._detached_grads.clear()
+
+
+@torch.no_grad()
+def _global_norm(grads: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The 2-norm of all gradients over all ranks; collective when they are sharded DTensors.
+
+    FSDP2 shards every gradient along one mesh dimension, so the squared norms of the local
+    shards add up to the squared global norm. Reducing them by hand on the compute device (rather
+    than calling vector_norm on the DTensors) also works for host-resident CPUOffloadPolicy
+    gradients, whose implicit all-reduce would run NCCL on host memory.
+    """
+    if not grads:
+        return torch.zeros((), device=device)
+    first = grads[0]
+    if not isinstance(first, DTensor):
+        return torch.nn.utils.get_total_norm(grads).to(device)
+    shards = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    squared = torch.nn.utils.get_total_norm(shards).to(device).double() ** 2
+    dist.all_reduce(squared, group=first.device_mesh.get_group())
+    return squared.sqrt().float()

@@ -1,0 +1,206 @@
+"""The ``fsdp2`` TrainBackend: torch's ``fully_shard`` on every decoder layer, then on the root.
+
+Each decoder layer (found through the model's ``_no_split_modules`` class names) is one FSDP2
+unit, the root holds the rest (embeddings, final norm, head). Parameters stay DTensors sharded
+over the whole default process group; gradients are reduce-scattered and averaged over the ranks.
+On CUDA the forward and backward compute in bf16 with fp32 gradient reduction (parameters and
+AdamW state stay fp32); on CPU everything is fp32.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from typing import TypedDict
+
+import attrs
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.optim.lr_scheduler import LambdaLR
+
+from lrft.api.capabilities import TrainCapabilities
+from lrft.api.errors import ConfigError
+from lrft.api.optim import OptimizerConfig, SchedulerConfig
+from lrft.api.types import ModelPart
+from lrft.backends.train._fsdp2_models import NAME, FSDP2FrozenModel, FSDP2TrainableModel, hf_name
+
+__all__ = [
+    "NAME",
+    "FSDP2Backend",
+    "FSDP2Config",
+    "FSDP2FrozenModel",
+    "FSDP2TrainableModel",
+    "hf_name",
+]
+
+
+class _Placing(TypedDict):
+    device: torch.device
+    movable: frozenset[ModelPart]
+    host_resident: bool
+
+
+@attrs.frozen(kw_only=True)
+class FSDP2Config:
+    """Settings of the ``fsdp2`` backend.
+
+    mixed_precision: compute forward and backward in bf16 and reduce gradients in fp32, keeping
+        parameters and optimizer state in fp32. ``None`` turns it on where CUDA is available;
+        ``True`` without CUDA is an error (gloo on CPU computes in fp32).
+    cpu_offload: keep the sharded parameters, gradients and optimizer state on the host for the
+        whole run (FSDP2's ``CPUOffloadPolicy``): each unit is copied to the device for its
+        compute and AdamW steps on the host. Nothing is then left for ``offload``/``reload`` to
+        move, so the backend declares no offload capability and reports every part on the host.
+    """
+
+    mixed_precision: bool | None = None
+    cpu_offload: bool = False
+
+
+def _current_device() -> torch.device:
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    local_rank = os.environ.get("LOCAL_RANK")
+    index = int(local_rank) if local_rank is not None else torch.cuda.current_device()
+    return torch.device("cuda", index)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules whose class name is in ``model._no_split_modules`` (transformers' layers)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [module for module in model.modules() if type(module).__name__ in names]
+
+
+class FSDP2Backend:
+    """``TrainBackend`` on ``torch.distributed.fsdp.fully_shard``.
+
+    Needs the default process group (``lrft.dist.init_distributed``; a single process uses a
+    1-rank group). The device is ``cuda:LOCAL_RANK`` when CUDA is available, else the CPU.
+    Wrapping changes the given module in place (FSDP2 swaps its class and shards its
+    parameters); the handle's ``module`` is that same object.
+    """
+
+    def __init__(self, config: FSDP2Config | None = None) -> None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError(
+                "the fsdp2 backend needs torch.distributed to be initialised: call "
+                "lrft.dist.init_distributed() first (a single process uses a 1-rank group)"
+            )
+        self._config = config if config is not None else FSDP2Config()
+        self._device = _current_device()
+        on_cuda = self._device.type == "cuda"
+        if self._config.mixed_precision and not on_cuda:
+            raise ConfigError(
+                "FSDP2Config.mixed_precision=True needs CUDA (bf16 compute with fp32 reduction); "
+                "use None to enable it only where CUDA is available"
+            )
+        self._mixed = (
+            on_cuda if self._config.mixed_precision is None else self._config.mixed_precision
+        )
+        if on_cuda:
+            torch.cuda.set_device(self._device)
+        self._mesh: DeviceMesh = init_device_mesh(self._device.type, (dist.get_world_size(),))
+        movable = () if self._config.cpu_offload else tuple(ModelPart)
+        self._capabilities = TrainCapabilities(
+            offload=frozenset(movable), mixed_precision=self._mixed
+        )
+
+    @property
+    def name(self) -> str:
+        return NAME
+
+    @property
+    def capabilities(self) -> TrainCapabilities:
+        return self._capabilities
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def config(self) -> FSDP2Config:
+        return self._config
+
+    def prepare_trainable(
+        self,
+        model: torch.nn.Module,
+        *,
+        optimizer: OptimizerConfig,
+        scheduler: SchedulerConfig | None = None,
+    ) -> FSDP2TrainableModel:
+        """Shard ``model`` and build AdamW and the LR schedule over its trainable parameters.
+
+        The module's train/eval mode is left as it is. Collective over the default group.
+        """
+        self._shard(model, reshard_root_after_forward=False)
+        params = [p for p in model.parameters() if p.requires_grad]
+        adamw = torch.optim.AdamW(
+            params,
+            lr=optimizer.lr,
+            betas=optimizer.betas,
+            eps=optimizer.eps,
+            weight_decay=optimizer.weight_decay,
+        )
+        schedule = scheduler if scheduler is not None else SchedulerConfig()
+        lr_scheduler = LambdaLR(adamw, _multiplier(schedule))
+        return FSDP2TrainableModel(
+            model, adamw, lr_scheduler, max_grad_norm=optimizer.max_grad_norm, **self._placing()
+        )
+
+    def prepare_frozen(self, model: torch.nn.Module) -> FSDP2FrozenModel:
+        """Shard ``model`` for inference: no gradients, eval mode, every unit resharded after
+        its forward (so no full copy lingers between forwards). Collective."""
+        model.requires_grad_(False)
+        model.eval()
+        self._shard(model, reshard_root_after_forward=True)
+        return FSDP2FrozenModel(model, **self._placing())
+
+    def _placing(self) -> _Placing:
+        return {
+            "device": self._device,
+            "movable": self._capabilities.offload,
+            "host_resident": self._config.cpu_offload,
+        }
+
+    def _shard(self, model: torch.nn.Module, *, reshard_root_after_forward: bool) -> None:
+        layers = decoder_layers(model)
+        if not layers:
+            warnings.warn(
+                f"{type(model).__name__} names no decoder layers in _no_split_modules: the whole "
+                "model is one FSDP2 unit (all parameters gathered at once)",
+                stacklevel=3,
+            )
+        mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        mp_policy = mixed if self._mixed else MixedPrecisionPolicy()
+        # Pinned host memory needs an accelerator: CPUOffloadPolicy() fails without one.
+        offload_policy: OffloadPolicy = (
+            CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+            if self._config.cpu_offload
+            else OffloadPolicy()
+        )
+        for layer in layers:
+            fully_shard(layer, mesh=self._mesh, mp_policy=mp_policy, offload_policy=offload_policy)
+        fully_shard(
+            model,
+            mesh=self._mesh,
+            mp_policy=mp_policy,
+            offload_policy=offload_policy,
+            reshard_after_forward=reshard_root_after_forward,
+        )
+
+
+def _multiplier(schedule: SchedulerConfig) -> Callable[[int], float]:
+    # A plain function: LambdaLR.state_dict stores None for it (it copies the __dict__ of any
+    # other callable), so the checkpoint's JSON holds no callable state.
+    def multiplier(step: int) -> float:
+        return schedule.multiplier(step)
+
+    return multiplier

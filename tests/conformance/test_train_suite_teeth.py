@@ -1,0 +1,207 @@
+"""The TrainBackend suite catches broken backends.
+
+``ReplicaBackend`` is a plain data-parallel backend (every rank holds the whole model and
+averages gradients with an all-reduce, like DDP). Correct, it passes the suite's tests used
+here; each defect below breaks one promise of the contract and must make one test fail with a
+message that says what is wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterator
+from pathlib import Path
+from typing import ClassVar, Literal
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from lrft.api import (
+    CapabilityNotSupported,
+    FrozenModel,
+    Location,
+    ModelPart,
+    OptimizerConfig,
+    Placement,
+    SchedulerConfig,
+    StepReport,
+    TrainableModel,
+    TrainCapabilities,
+)
+from lrft.testing.conformance.train import TrainBackendSuite
+from lrft.testing.distributed import DistributedSuite, RankFailure, RankPool
+
+Defect = Literal["no_all_reduce", "drops_a_tensor", "steps_on_nan"] | None
+
+
+class ReplicaModel:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        defect: Defect,
+        optimizer: OptimizerConfig | None = None,
+        schedule: SchedulerConfig | None = None,
+    ) -> None:
+        self._module, self._defect = module, defect
+        self._config = optimizer or OptimizerConfig()
+        self._schedule = schedule or SchedulerConfig()
+        self.optimizer = torch.optim.AdamW(
+            [p for p in module.parameters() if p.requires_grad] or [torch.zeros(1)],
+            lr=self._config.lr * self._schedule.multiplier(0),
+            betas=self._config.betas,
+            eps=self._config.eps,
+            weight_decay=self._config.weight_decay,
+        )
+        self._steps = 0
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self._module
+
+    @property
+    def placement(self) -> Placement:
+        here = Location.DEVICE
+        return Placement(parameters=here, gradients=here, optimizer=here)
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self._steps
+
+    def offload(self, parts: Collection[ModelPart]) -> None:
+        for part in parts:
+            raise CapabilityNotSupported("replica", f"offload_{part.value}")
+
+    reload = offload
+
+    def full_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        named = list(self._module.named_parameters())
+        if self._defect == "drops_a_tensor":
+            named = named[:-1]
+        bucket: list[tuple[str, torch.Tensor]] = []
+        for name, param in named:
+            size = sum(t.numel() * t.element_size() for _, t in bucket)
+            if bucket and size + param.numel() * param.element_size() > bucket_bytes:
+                yield bucket
+                bucket = []
+            bucket.append((name, param.detach()))
+        if bucket:
+            yield bucket
+
+    def backward(self, loss: torch.Tensor) -> None:
+        torch.autograd.backward(loss)
+
+    def step(self) -> StepReport:
+        params = [p for p in self._module.parameters() if p.grad is not None]
+        if self._defect != "no_all_reduce":
+            for param in params:
+                assert param.grad is not None
+                dist.all_reduce(param.grad, op=dist.ReduceOp.AVG)
+        norm = float(torch.nn.utils.clip_grad_norm_(params, self._config.max_grad_norm))
+        lr = self.optimizer.param_groups[0]["lr"]
+        if not math.isfinite(norm) and self._defect != "steps_on_nan":
+            self.optimizer.zero_grad()
+            return StepReport(optimizer_steps=self._steps, grad_norm=norm, skipped=True, lr=lr)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self._steps += 1
+        for group in self.optimizer.param_groups:
+            group["lr"] = self._config.lr * self._schedule.multiplier(self._steps)
+        return StepReport(optimizer_steps=self._steps, grad_norm=norm, skipped=False, lr=lr)
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {"model": self._module.state_dict(), "optimizer": self.optimizer.state_dict()}
+        torch.save({**state, "steps": self._steps}, directory / f"rank{dist.get_rank()}.pt")
+        dist.barrier()
+
+    def load(self, directory: Path) -> None:
+        state = torch.load(directory / f"rank{dist.get_rank()}.pt", weights_only=True)
+        self._module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._steps = state["steps"]
+
+
+class ReplicaBackend:
+    def __init__(self, defect: Defect) -> None:
+        self._defect = defect
+
+    name = "replica"
+    capabilities = TrainCapabilities()
+    device = torch.device("cpu")
+
+    def prepare_trainable(
+        self,
+        model: torch.nn.Module,
+        *,
+        optimizer: OptimizerConfig,
+        scheduler: SchedulerConfig | None = None,
+    ) -> ReplicaModel:
+        return ReplicaModel(model, self._defect, optimizer, scheduler)
+
+    def prepare_frozen(self, model: torch.nn.Module) -> ReplicaModel:
+        return ReplicaModel(model.requires_grad_(False).eval(), self._defect)
+
+
+class _Replica(TrainBackendSuite[ReplicaBackend]):
+    defect: ClassVar[Defect] = None
+
+    @classmethod
+    def make_backend(cls) -> ReplicaBackend:
+        return ReplicaBackend(cls.defect)
+
+    @classmethod
+    def parameter_shards(cls, model: FrozenModel) -> dict[str, torch.Tensor]:
+        return dict(model.module.named_parameters())
+
+    @classmethod
+    def optimizer_state(cls, model: TrainableModel) -> dict[str, torch.Tensor]:
+        assert isinstance(model, ReplicaModel)
+        return {
+            f"{index}:{key}": value
+            for index, state in enumerate(model.optimizer.state.values())
+            for key, value in state.items()
+            if key != "step"
+        }
+
+    @classmethod
+    def gathered_parameters(cls, model: FrozenModel) -> dict[str, torch.Tensor]:
+        return {name: p.detach() for name, p in model.module.named_parameters()}
+
+
+class _NoAllReduce(_Replica):
+    defect = "no_all_reduce"
+
+
+class _DropsATensor(_Replica):
+    defect = "drops_a_tensor"
+
+
+class _StepsOnNaN(_Replica):
+    defect = "steps_on_nan"
+
+
+class TestTrainSuiteTeeth(DistributedSuite):
+    world_size = 2
+
+    def test_correct_replica_passes(self, pool: RankPool) -> None:
+        suite = _Replica()
+        suite.test_training_matches_reference(pool)
+        suite.test_full_weights_are_complete_exact_and_bucketed(pool)
+        suite.test_non_finite_gradient_skips_step(pool)
+
+    def test_parity_catches_missing_gradient_all_reduce(self, pool: RankPool) -> None:
+        with pytest.raises(
+            RankFailure,
+            match=r"parameters after 3 steps differ from the single-process reference: "
+            r"max abs diff \d\.\d+e-0[1-4] in ",
+        ):
+            _NoAllReduce().test_training_matches_reference(pool)
+
+    def test_full_weights_catches_a_dropped_tensor(self, pool: RankPool) -> None:
+        with pytest.raises(RankFailure, match=r"missing \['lm_head\.weight'\]"):
+            _DropsATensor().test_full_weights_are_complete_exact_and_bucketed(pool)
+
+    def test_skip_test_catches_a_step_on_nan(self, pool: RankPool) -> None:
+        with pytest.raises(RankFailure, match=r"a NaN gradient did not skip the step"):
+            _StepsOnNaN().test_non_finite_gradient_skips_step(pool)
