@@ -1,0 +1,45 @@
+"""Prompt data: local sources, prompt formatting, tokenisation, and a resumable sampler.
+
+- :func:`load_prompt_dataset` reads a local JSONL / JSON / Parquet file or a ``save_to_disk``
+  folder (:class:`PromptDataConfig`, with LightRFT's ``input_key`` / ``label_key`` names),
+  formats each prompt (:class:`PromptFormat`: chat template, system prompt, input template),
+  tokenises it, and drops prompts over ``max_prompt_length`` — counted in :class:`PromptStats`,
+  never truncated;
+- :class:`DistributedPromptSampler` gives each rank its share of each global batch and resumes
+  exactly from :meth:`~DistributedPromptSampler.state_dict`; :func:`eval_indices` shards an
+  evaluation set so that every prompt is scored exactly once.
+
+``pyarrow`` and ``datasets`` are imported only when a Parquet file or a ``datasets`` folder is
+read.
+"""
+
+from lrft.data.dataset import PromptDataConfig, PromptDataset, load_prompt_dataset
+from lrft.data.errors import PromptDataError
+from lrft.data.formatting import InputTemplate, PromptFormat, format_prompt
+from lrft.data.sampler import (
+    DistributedPromptSampler,
+    SamplerBatch,
+    SamplerPosition,
+    eval_indices,
+)
+from lrft.data.sources import RowSource, SourceRow, read_rows
+from lrft.data.types import PromptSample, PromptStats
+
+__all__ = [
+    "DistributedPromptSampler",
+    "InputTemplate",
+    "PromptDataConfig",
+    "PromptDataError",
+    "PromptDataset",
+    "PromptFormat",
+    "PromptSample",
+    "PromptStats",
+    "RowSource",
+    "SamplerBatch",
+    "SamplerPosition",
+    "SourceRow",
+    "eval_indices",
+    "format_prompt",
+    "load_prompt_dataset",
+    "read_rows",
+]
