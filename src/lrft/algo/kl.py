@@ -21,11 +21,11 @@ import attrs
 import torch
 from torch import Tensor
 
-from lrft.algo import _checks as c
 from lrft.algo._tensor import as_mask, check_2d, check_same_shape, fill_masked
 from lrft.algo.aggregation import aggregate_loss
 from lrft.algo.registry import kl_estimators, register_kl_estimator
 from lrft.algo.types import AggregationMode
+from lrft.api import validators as c
 
 
 @register_kl_estimator("k1")

@@ -20,7 +20,7 @@ import attrs
 import torch
 from torch import Tensor
 
-from lrft.algo import _checks as c
+from lrft.api import validators as c
 
 
 def _non_negative_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:

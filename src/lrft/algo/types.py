@@ -17,8 +17,8 @@ import attrs
 import torch
 from torch import Tensor
 
-from lrft.algo import _checks as c
 from lrft.algo._tensor import as_mask, check_2d, check_finite_float, check_same_shape, masked_sum
+from lrft.api import validators as c
 from lrft.api.errors import ConfigError
 
 AggregationMode = Literal[

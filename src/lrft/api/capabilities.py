@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from lrft.api import _validate as v
+from lrft.api import validators as v
 from lrft.api.errors import CapabilityNotSupported
 from lrft.api.types import ModelPart
 

@@ -13,7 +13,7 @@ from typing import Literal
 
 import attrs
 
-from lrft.api import _validate as v
+from lrft.api import validators as v
 
 
 def _float_tuple(value: Iterable[float]) -> tuple[float, ...]:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import attrs
 import torch
 
-from lrft.api import _validate as v
+from lrft.api import validators as v
 
 
 def _int_tuple(values: Any) -> tuple[int, ...]:

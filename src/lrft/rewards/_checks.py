@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import attrs
@@ -15,18 +14,3 @@ def name_validator(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
             f"{attribute.name} must be a non-empty string without surrounding spaces or '/', "
             f"got {value!r}"
         )
-
-
-def finite(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not math.isfinite(value):
-        raise ValueError(f"{attribute.name} must be finite, got {value!r}")
-
-
-def positive(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{attribute.name} must be > 0, got {value!r}")
-
-
-def non_negative(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not value >= 0:
-        raise ValueError(f"{attribute.name} must be >= 0, got {value!r}")

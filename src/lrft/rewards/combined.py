@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from lrft.rewards._checks import finite, name_validator
+from lrft.api.validators import finite
+from lrft.rewards._checks import name_validator
 from lrft.rewards.base import RewardError, RewardFn, RewardOutput, RewardSample, compute_rewards
 
 

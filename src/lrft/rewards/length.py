@@ -13,7 +13,8 @@ import attrs
 import torch
 
 from lrft.algo.shaping import overlong_penalty
-from lrft.rewards._checks import finite, name_validator, non_negative, positive
+from lrft.api.validators import finite, non_negative, positive
+from lrft.rewards._checks import name_validator
 from lrft.rewards.base import RewardOutput, RewardSample
 
 RESPONSE_LENGTH_KEY = "response_length"

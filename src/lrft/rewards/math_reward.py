@@ -26,7 +26,8 @@ from typing import Any
 
 import attrs
 
-from lrft.rewards._checks import finite, name_validator, non_negative, positive
+from lrft.api.validators import finite, non_negative, positive
+from lrft.rewards._checks import name_validator
 from lrft.rewards.answers import ANSWER_FORMATS, AnswerFormat, extract_answer, reference_answer
 from lrft.rewards.base import RewardError, RewardOutput, RewardSample
 

@@ -25,7 +25,8 @@ from typing import Any
 import attrs
 import httpx
 
-from lrft.rewards._checks import finite, name_validator, non_negative, positive
+from lrft.api.validators import finite, non_negative, positive
+from lrft.rewards._checks import name_validator
 from lrft.rewards.base import RewardError, RewardOutput, RewardSample
 
 _RETRIED_STATUSES = frozenset({408, 429})

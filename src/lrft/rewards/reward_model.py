@@ -16,7 +16,8 @@ import attrs
 import torch
 
 from lrft.api.errors import ConfigError
-from lrft.rewards._checks import name_validator, non_negative, positive
+from lrft.api.validators import non_negative, positive
+from lrft.rewards._checks import name_validator
 from lrft.rewards.base import RewardError, RewardOutput, RewardSample
 
 

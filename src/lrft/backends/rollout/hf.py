@@ -22,7 +22,7 @@ import attrs
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from lrft.api import _validate as v
+from lrft.api import validators as v
 from lrft.api.capabilities import EngineCapabilities
 from lrft.api.digest import tensor_digest
 from lrft.api.errors import CapabilityNotSupported

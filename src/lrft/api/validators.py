@@ -1,4 +1,5 @@
-"""attrs validators for algorithm settings: a bad value raises ``ConfigError`` naming it and the rule."""
+"""attrs validators shared across lrft: a bad value raises ``ConfigError`` (a ``ValueError``)
+naming the field, the value and the rule."""
 
 from __future__ import annotations
 
@@ -58,3 +59,16 @@ def one_of(*choices: str) -> Any:
 def positive_int(_: Any, attribute: attrs.Attribute[Any], value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{attribute.name} must be a positive integer, got {value!r}")
+
+
+def unit_interval_open_closed(_: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not 0.0 < value <= 1.0:
+        raise ConfigError(f"{attribute.name} must be in (0, 1], got {value!r}")
+
+
+def non_negative_ints(_: Any, attribute: attrs.Attribute[Any], value: tuple[int, ...]) -> None:
+    for item in value:
+        if not isinstance(item, int) or isinstance(item, bool) or item < 0:
+            raise ConfigError(
+                f"{attribute.name} must hold non-negative integers, got {item!r} in {value!r}"
+            )
