@@ -1,0 +1,149 @@
+"""``lrft train``: the command line (LightRFT's flag names) and its torchrun entry point.
+
+Every flag maps to one :class:`~lrft.trainer.TrainConfig` field of the same name; ``--config``
+reads a JSON or YAML file of the same keys (the command line wins). The config is built and
+validated (including the world-size rules, read from torchrun's environment) before any
+process group starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from lrft.api.errors import ConfigError, LrftError
+from lrft.cli.flags import FLAGS, Flag
+from lrft.trainer.config import TrainConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lrft", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser(
+        "train",
+        help="RL fine-tuning under torchrun; with no --pretrain, the built-in demo",
+        description="Colocated RL fine-tuning (fsdp2 trainer + hf engine + direct weight sync). "
+        "With no --pretrain it trains the built-in demo (a tiny model learning addition).",
+    )
+    train.add_argument(
+        "--config", type=Path, default=None, help="a JSON or YAML file of these same keys"
+    )
+    for flag in FLAGS:
+        _add(train, flag)
+    return parser
+
+
+def _add(parser: argparse.ArgumentParser, flag: Flag) -> None:
+    name = f"--{flag.name}"
+    if flag.kind is bool:
+        parser.add_argument(
+            name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=flag.help
+        )
+        return
+    parser.add_argument(
+        name,
+        type=flag.kind,
+        choices=flag.choices,
+        default=argparse.SUPPRESS,
+        metavar=flag.metavar,
+        help=flag.help,
+    )
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """A mapping of TrainConfig keys from a JSON (``.json``) or YAML file."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        values = json.loads(text)
+    else:
+        import yaml  # type: ignore[import-untyped, unused-ignore]
+
+        values = yaml.safe_load(text)
+    if not isinstance(values, dict):
+        raise ConfigError(
+            f"config file {path} must hold a mapping of keys, got {type(values).__name__}"
+        )
+    known = {f.name for f in FLAGS}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"config file {path} has unknown keys {unknown}")
+    return values
+
+
+def config_from_args(argv: Sequence[str]) -> TrainConfig:
+    """Parse ``lrft train ...`` arguments into a validated config (no process group needed)."""
+    from lrft.trainer.demo import DEMO_SETTINGS
+
+    args = vars(build_parser().parse_args(list(argv)))
+    args.pop("command")
+    config_file = args.pop("config")
+    values = read_config_file(config_file) if config_file is not None else {}
+    values.update(args)
+    if values.get("pretrain") is None:
+        values = {**DEMO_SETTINGS, **values}
+    try:
+        return TrainConfig(**values)
+    except TypeError as error:  # a value of the wrong type in a config file
+        raise ConfigError(f"invalid configuration: {error}") from error
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _single_process_env() -> None:
+    # `python -m lrft train` outside torchrun: one rank.
+    for name, value in (
+        ("RANK", "0"),
+        ("LOCAL_RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29512"),
+    ):
+        os.environ.setdefault(name, value)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rank = os.environ.get("RANK", "0")
+    try:
+        config = config_from_args(argv)
+        config.validate_world(world_size_from_env())
+    except ConfigError as error:
+        print(f"lrft: configuration error: {error}", file=sys.stderr)
+        return 2
+    _single_process_env()
+    from lrft.trainer.build import build_trainer
+
+    try:
+        trainer = build_trainer(config)
+        result = trainer.fit()
+    except ConfigError as error:
+        print(f"lrft: rank {rank}: configuration error: {error}", file=sys.stderr, flush=True)
+        return 2
+    except (LrftError, RuntimeError, OSError) as error:
+        print(
+            f"lrft: rank {rank} failed: {type(error).__name__}: {error}",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise
+    if result.first_eval and result.last_eval and trainer.rank == 0:
+        print(
+            f"done: {result.steps} steps in {result.seconds:.0f}s; held-out accuracy "
+            f"{result.first_eval['eval/accuracy']:.3f} -> {result.last_eval['eval/accuracy']:.3f}",
+            flush=True,
+        )
+    return 0
+
+
+__all__ = ["build_parser", "config_from_args", "main", "read_config_file"]
+_ = attrs

@@ -1,0 +1,162 @@
+"""The colocated phase lifecycle: which memory is where during each phase of an iteration.
+
+Training and rollout share each rank's device. :class:`Colocation` owns the order of the phases
+that move memory (DESIGN.md, "One RL iteration"): wake the engine, generate, put the engine to
+sleep, actor logprobs, reference logprobs (reloading the reference model, then offloading it),
+rewards, advantages, policy epochs (reloading the optimizer state first when it is offloaded),
+weight sync into the engine. It logs device memory at each phase boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+import torch
+
+from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, WeightSync
+from lrft.api.types import EnginePart, ModelPart, SyncReport
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+PHASES = (
+    "generate",
+    "actor_logprobs",
+    "reference_logprobs",
+    "rewards",
+    "advantages",
+    "policy",
+    "weight_sync",
+)
+
+
+def device_memory_mb(device: torch.device) -> float:
+    """Allocated device memory (CUDA), or this process's peak resident set on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Colocation:
+    """Memory placement of one rank's engine, actor and reference across the phases.
+
+    ``sleep_level``: the engine sleeps at this level after generating (``None``: stays awake).
+    ``offload_reference``: the reference model lives on the host except during its pass.
+    ``offload_optimizer``: the actor's optimizer state lives on the host except during the
+    policy phase. Each phase runs inside :meth:`phase`, which records its wall time and the
+    memory at its end into :attr:`records` (``time/<phase>_s``, ``memory/<phase>_mb``).
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: RolloutEngine,
+        actor: TrainableModel,
+        reference: FrozenModel | None,
+        sync: WeightSync,
+        device: torch.device,
+        sleep_level: int | None,
+        offload_reference: bool,
+        offload_optimizer: bool,
+    ) -> None:
+        self.engine = engine
+        self.actor = actor
+        self.reference = reference
+        self.weight_sync = sync
+        self.device = device
+        self.sleep_level = sleep_level
+        self.offload_reference = offload_reference and reference is not None
+        self.offload_optimizer = offload_optimizer
+        self.records: dict[str, float] = {}
+        self.order: list[str] = []
+        if self.offload_reference and reference is not None:
+            reference.offload([ModelPart.PARAMETERS])
+        if offload_optimizer:
+            actor.offload([ModelPart.OPTIMIZER])
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        seconds = time.perf_counter() - start
+        memory = device_memory_mb(self.device)
+        self.order.append(name)
+        self.records[f"time/{name}_s"] = self.records.get(f"time/{name}_s", 0.0) + seconds
+        self.records[f"memory/{name}_mb"] = memory
+        logger.debug("phase %s: %.3f s, device memory %.1f MiB", name, seconds, memory)
+
+    def begin_iteration(self) -> None:
+        self.records = {}
+        self.order = []
+
+    def rollout(
+        self, generate: Callable[[], T], *, name: str = "generate", sleep_level: int | None = None
+    ) -> T:
+        """Wake the engine (weights, then KV cache), run ``generate``, sleep the engine.
+
+        ``sleep_level`` overrides the configured level: evaluation sleeps at level 1 because no
+        weight sync follows it, and level 2 would leave the next rollout stale weights.
+        """
+        with self.phase(name):
+            self.engine.wake([EnginePart.WEIGHTS])
+            self.engine.wake([EnginePart.KV_CACHE])
+            try:
+                return generate()
+            finally:
+                level = self.sleep_level
+                if level is not None and sleep_level is not None:
+                    level = min(level, sleep_level)
+                if level is not None:
+                    self.engine.sleep(level)
+
+    def actor_pass(self, fn: Callable[[], T]) -> T:
+        with self.phase("actor_logprobs"):
+            return fn()
+
+    def reference_pass(self, fn: Callable[[FrozenModel], T]) -> T | None:
+        """Run ``fn`` on the reference model with its parameters reloaded; ``None`` without one."""
+        if self.reference is None:
+            return None
+        with self.phase("reference_logprobs"):
+            if self.offload_reference:
+                self.reference.reload([ModelPart.PARAMETERS])
+            try:
+                return fn(self.reference)
+            finally:
+                if self.offload_reference:
+                    self.reference.offload([ModelPart.PARAMETERS])
+
+    def plain(self, name: str, fn: Callable[[], T]) -> T:
+        with self.phase(name):
+            return fn()
+
+    def policy(self, fn: Callable[[], T]) -> T:
+        with self.phase("policy"):
+            if self.offload_optimizer:
+                self.actor.reload([ModelPart.OPTIMIZER])
+            try:
+                return fn()
+            finally:
+                if self.offload_optimizer:
+                    self.actor.offload([ModelPart.OPTIMIZER])
+
+    @contextmanager
+    def optimizer_resident(self) -> Iterator[None]:
+        """The optimizer state on the device for the block (checkpoint save and load)."""
+        if self.offload_optimizer:
+            self.actor.reload([ModelPart.OPTIMIZER])
+        try:
+            yield
+        finally:
+            if self.offload_optimizer:
+                self.actor.offload([ModelPart.OPTIMIZER])
+
+    def sync(self, version: int) -> SyncReport:
+        """Push the actor's weights into the engine as ``version`` (wakes only its weights)."""
+        with self.phase("weight_sync"):
+            return self.weight_sync.sync(self.actor, self.engine, version=version)

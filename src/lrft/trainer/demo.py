@@ -1,0 +1,71 @@
+"""The built-in demo preset: ``lrft train`` with no ``--pretrain``.
+
+Model, tokenizer and task come from :mod:`lrft.demo` (a tiny Qwen2 warm-started on addition,
+shipped as package data); this module writes the task's prompt files and fills in the settings
+the user left at their defaults.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import attrs
+
+from lrft.api.errors import ConfigError
+from lrft.rewards import RewardSample
+from lrft.trainer.config import TrainConfig
+
+DEMO_REWARD = "lrft.trainer.demo:exact_answer"
+
+DEMO_SETTINGS: dict[str, object] = {
+    "n_samples_per_prompt": 8,
+    "rollout_batch_size": 32,
+    "micro_rollout_batch_size": 16,
+    "train_batch_size": 128,
+    "micro_train_batch_size": 32,
+    "generate_max_len": 5,
+    "actor_learning_rate": 3e-4,
+    "temperature": 1.0,
+    "max_steps": 40,
+    "eval_steps": 10,
+    "eval_max_samples": 200,
+    "enable_engine_sleep": True,
+}
+"""What ``lrft train`` uses when no model is given, unless the command line says otherwise."""
+
+
+def exact_answer(sample: RewardSample) -> float:
+    """1 when the response states the reference integer exactly, else 0."""
+    from lrft.demo.task import is_correct
+
+    return float(sample.reference is not None and is_correct(sample.response, sample.reference))
+
+
+def demo_config(config: TrainConfig, rank: int) -> TrainConfig:
+    """``config`` with the demo's model folder and prompt files (written here, per rank)."""
+    from lrft.demo.model import ASSETS_DIR
+    from lrft.demo.task import INPUT_KEY, REFERENCE_KEY, AdditionTask, write_jsonl
+
+    if not (ASSETS_DIR / "config.json").is_file():
+        raise ConfigError(
+            f"the built-in demo model is missing from {ASSETS_DIR}; give --pretrain "
+            "(and --prompt_data, --reward_fn) to train another model"
+        )
+    task = AdditionTask()
+    data_dir = Path(config.save_path) / "demo_data"
+    train = data_dir / "train.jsonl"
+    held_out = data_dir / "eval.jsonl"
+    # Every rank writes its own copy and renames it into place: same bytes, no race.
+    for path, problems in ((train, task.train_problems()), (held_out, task.eval_problems())):
+        temporary = write_jsonl(path.with_name(f".{path.name}.rank{rank}"), problems)
+        os.replace(temporary, path)
+    return attrs.evolve(
+        config,
+        pretrain=str(ASSETS_DIR),
+        prompt_data=str(train),
+        eval_dataset=str(held_out),
+        input_key=INPUT_KEY,
+        reference_key=REFERENCE_KEY,
+        reward_fn=DEMO_REWARD,
+    )

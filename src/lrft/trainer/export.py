@@ -1,0 +1,54 @@
+"""Hugging Face export: the actor's full weights as a ``from_pretrained`` folder (safetensors)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerBase
+
+from lrft.api.protocols import WeightSource
+
+EXPORT_BUCKET_BYTES = 64 * 2**20
+
+
+def export_hf(
+    source: WeightSource,
+    *,
+    pretrained: str | Path,
+    tokenizer: PreTrainedTokenizerBase,
+    directory: Path,
+) -> None:
+    """Write ``source``'s weights with ``pretrained``'s config and the tokenizer. Collective.
+
+    Every rank iterates ``full_weights``; rank 0 alone writes, to a temporary name renamed when
+    complete. Weights come only from ``full_weights``, whatever the backend.
+    """
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    state: dict[str, torch.Tensor] = {}
+    for bucket in source.full_weights(EXPORT_BUCKET_BYTES):
+        if rank == 0:
+            state.update((name, tensor.detach().to("cpu", copy=True)) for name, tensor in bucket)
+    if rank == 0:
+        config = AutoConfig.from_pretrained(pretrained)
+        dtype = next(iter(state.values())).dtype
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - set(
+            dict(model.named_parameters())
+        )
+        if unexpected or set(missing) - tied:
+            raise RuntimeError(
+                f"exported weights do not match the model: missing {sorted(missing)}, "
+                f"unexpected {sorted(unexpected)}"
+            )
+        temporary = directory.with_name(f".tmp-{directory.name}")
+        shutil.rmtree(temporary, ignore_errors=True)
+        model.save_pretrained(temporary)
+        tokenizer.save_pretrained(temporary)
+        shutil.rmtree(directory, ignore_errors=True)
+        temporary.rename(directory)
+    if dist.is_initialized():
+        dist.barrier()

@@ -1,0 +1,98 @@
+"""A tiny model folder (demo tokenizer, random Qwen2) and addition prompt files for trainer tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import Qwen2ForCausalLM
+
+from lrft.demo.task import AdditionTask, write_jsonl
+from lrft.demo.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, build_tokenizer
+from lrft.testing.models import INITIALIZER_RANGE, tiny_qwen2_config
+
+
+def make_model_folder(directory: Path, seed: int = 0) -> Path:
+    """A random tiny Qwen2 over the demo tokenizer, saved with it (safetensors)."""
+    config = tiny_qwen2_config(vocab_size=VOCAB_SIZE)
+    config.eos_token_id = EOS_ID
+    config.pad_token_id = PAD_ID
+    config.bos_token_id = None
+    config.initializer_range = INITIALIZER_RANGE
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    build_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def make_prompt_files(directory: Path) -> tuple[Path, Path]:
+    task = AdditionTask(max_operand=99, num_train=64, num_eval=8)
+    train = write_jsonl(directory / "train.jsonl", task.train_problems())
+    held_out = write_jsonl(directory / "eval.jsonl", task.eval_problems())
+    return train, held_out
+
+
+def exact(sample: object) -> float:
+    """The demo reward, importable as ``tests.trainer.fixtures:exact``."""
+    from lrft.rewards import RewardSample
+    from lrft.trainer.demo import exact_answer
+
+    assert isinstance(sample, RewardSample)
+    return exact_answer(sample)
+
+
+def digit_fraction(sample: object) -> float:
+    """The share of the response's characters that are digits: varied even for a random model,
+    so advantages are non-zero and training moves the weights."""
+    from lrft.rewards import RewardSample
+
+    assert isinstance(sample, RewardSample)
+    text = sample.response
+    return sum(c.isdigit() for c in text) / len(text) if text else 0.0
+
+
+REWARD_FLAG = "--reward_fn=tests.trainer.fixtures:digit_fraction"
+
+
+def base_args(model: Path, train: Path, held_out: Path, save: Path) -> list[str]:
+    """Flags of a small, fast run (2 ranks): 4 prompts x 4 samples per iteration."""
+    return [
+        "train",
+        f"--pretrain={model}",
+        f"--prompt_data={train}",
+        f"--eval_dataset={held_out}",
+        "--reference_key=answer",
+        REWARD_FLAG,
+        "--n_samples_per_prompt=4",
+        "--rollout_batch_size=4",
+        "--micro_rollout_batch_size=2",
+        "--train_batch_size=8",
+        "--micro_train_batch_size=2",
+        "--generate_max_len=4",
+        "--actor_learning_rate=1e-3",
+        f"--save_path={save}",
+    ]
+
+
+def exact_then_hang(sample: object) -> float:
+    """``exact``, but blocks forever once the file named by ``LRFT_TEST_HANG_WHEN`` exists: a
+    run can be stopped deterministically after a given checkpoint was written."""
+    import os
+    import time
+
+    flag = os.environ.get("LRFT_TEST_HANG_WHEN")
+    if flag is not None and Path(flag).exists():
+        time.sleep(3600)
+    return digit_fraction(sample)
+
+
+def exact_but_rank1_raises(sample: object) -> float:
+    """``exact`` on rank 0; raises on rank 1 (a reward that fails on one rank mid-phase)."""
+    import os
+
+    if os.environ.get("RANK") == "1":
+        raise ValueError("deliberate failure on rank 1")
+    return digit_fraction(sample)

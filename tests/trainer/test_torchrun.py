@@ -1,0 +1,117 @@
+"""``torchrun --nproc_per_node 2 -m lrft train`` end to end, on gloo: resume after SIGKILL is
+bit-exact, a failing rank stops every rank, the Hugging Face export loads."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from tests.trainer.fixtures import REWARD_FLAG, base_args, make_model_folder, make_prompt_files
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _command(args: list[str]) -> list[str]:
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    return [*torchrun, "--master_port", str(29600 + os.getpid() % 300), "-m", "lrft", *args]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
+
+
+def _run(args: list[str], **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        _command(args), env=_env(**extra), capture_output=True, text=True, timeout=300, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    root = tmp_path_factory.mktemp("trainer_inputs")
+    train, held_out = make_prompt_files(root / "data")
+    return make_model_folder(root / "model"), train, held_out
+
+
+def _weights(save: Path) -> dict[str, torch.Tensor]:
+    return load_file(save / "hf_model" / "model.safetensors")
+
+
+def test_sigkill_after_checkpoint_then_resume_is_bit_identical(
+    inputs: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    model, train, held_out = inputs
+    steps = ["--max_steps=4", "--save_steps=2", "--enable_engine_sleep", "--init_kl_coef=0.01"]
+    straight = tmp_path / "straight"
+    done = _run([*base_args(model, train, held_out, straight), *steps])
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    killed = tmp_path / "killed"
+    args = [*base_args(model, train, held_out, killed), *steps]
+    args[args.index(REWARD_FLAG)] = "--reward_fn=tests.trainer.fixtures:exact_then_hang"
+    marker = killed / "checkpoints" / "global_step2" / "manifest.json"
+    process = subprocess.Popen(
+        _command(args),
+        env=_env(LRFT_TEST_HANG_WHEN=str(marker)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marker.exists(), "the run never wrote checkpoint global_step2"
+        time.sleep(1.0)  # now hanging inside step 3's reward
+        os.killpg(process.pid, signal.SIGKILL)
+    finally:
+        process.wait(timeout=60)
+    assert not (killed / "hf_model").exists()
+    assert not (killed / "checkpoints" / "global_step4").exists()
+
+    resumed = _run([*base_args(model, train, held_out, killed), *steps, "--load_checkpoint"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "at step 2" in resumed.stdout
+
+    expected, actual = _weights(straight), _weights(killed)
+    assert expected.keys() == actual.keys()
+    initial = load_file(model / "model.safetensors")
+    assert any(not torch.equal(expected[k], initial[k]) for k in expected), "training did nothing"
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+
+    exported = AutoModelForCausalLM.from_pretrained(straight / "hf_model")
+    for name, tensor in exported.state_dict().items():
+        if name in expected:
+            assert torch.equal(tensor, expected[name]), name
+
+
+def test_a_rank_that_raises_stops_every_rank_and_is_named(
+    inputs: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    model, train, held_out = inputs
+    args = base_args(model, train, held_out, tmp_path / "out")
+    args[args.index(REWARD_FLAG)] = "--reward_fn=tests.trainer.fixtures:exact_but_rank1_raises"
+    timeout = 60.0
+    start = time.monotonic()
+    result = _run([*args, "--max_steps=2", f"--collective_timeout_s={timeout}"])
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert elapsed < timeout + 45, elapsed
+    output = result.stdout + result.stderr
+    assert "lrft: rank 1 failed: RewardError" in output
+    assert "at sample 0" in output
+    assert "deliberate failure on rank 1" in output
+    # rank 0 was waiting in a collective: it fails too (peer gone, or stopped by torchrun)
+    # instead of hanging until the timeout.

@@ -1,0 +1,88 @@
+"""Checkpoints: atomic directories, manifest, rotation, and an interrupted write."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import cast
+
+import pytest
+import torch
+
+from lrft.api.protocols import TrainableModel
+from lrft.trainer.checkpoint import (
+    checkpoint_steps,
+    latest_checkpoint,
+    load_checkpoint,
+    read_manifest,
+    save_checkpoint,
+)
+
+
+class FakeActor:
+    """Writes and reads one tensor; ``fail_after`` makes ``save`` die half-way."""
+
+    def __init__(self, value: float, *, fail: bool = False) -> None:
+        self.value = torch.tensor([value])
+        self.fail = fail
+
+    def save(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "part1").write_text("x")
+        if self.fail:
+            raise OSError("disk full")
+        torch.save(self.value, directory / "weights.pt")
+
+    def load(self, directory: Path) -> None:
+        self.value = torch.load(directory / "weights.pt")
+
+
+def _actor(value: float, *, fail: bool = False) -> TrainableModel:
+    return cast(TrainableModel, FakeActor(value, fail=fail))
+
+
+def test_save_rotate_and_load(tmp_path: Path) -> None:
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, step=step, actor=_actor(step), manifest={"k": step}, max_keep=2)
+    assert checkpoint_steps(tmp_path) == [2, 3]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step2", "global_step3"]
+    latest = latest_checkpoint(tmp_path)
+    assert latest == tmp_path / "global_step3"
+    manifest = read_manifest(latest)
+    assert (manifest["step"], manifest["k"]) == (3, 3)
+    actor = FakeActor(0.0)
+    load_checkpoint(latest, cast(TrainableModel, actor))
+    assert actor.value.item() == 3.0
+
+
+def test_rng_state_is_restored(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    random.seed(1)
+    save_checkpoint(tmp_path, step=1, actor=_actor(1), manifest={}, max_keep=1)
+    expected = (torch.rand(3), random.random())
+    torch.manual_seed(99)
+    random.seed(99)
+    load_checkpoint(tmp_path / "global_step1", _actor(0))
+    assert torch.equal(torch.rand(3), expected[0])
+    assert random.random() == expected[1]
+
+
+def test_an_interrupted_write_never_replaces_the_last_good_checkpoint(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, step=1, actor=_actor(1), manifest={}, max_keep=1)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(tmp_path, step=2, actor=_actor(2, fail=True), manifest={}, max_keep=1)
+    assert latest_checkpoint(tmp_path) == tmp_path / "global_step1"
+    assert not (tmp_path / "global_step2").exists()
+    actor = FakeActor(0)
+    load_checkpoint(tmp_path / "global_step1", cast(TrainableModel, actor))
+    assert actor.value.item() == 1.0
+    # The next write of that step clears the leftovers and completes.
+    save_checkpoint(tmp_path, step=2, actor=_actor(2), manifest={}, max_keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step2"]
+
+
+def test_rewriting_a_step_replaces_it_whole(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, step=1, actor=_actor(1), manifest={"v": 1}, max_keep=3)
+    save_checkpoint(tmp_path, step=1, actor=_actor(5), manifest={"v": 2}, max_keep=3)
+    assert read_manifest(tmp_path / "global_step1")["v"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step1"]
