@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 
 python -m pip install -q --upgrade pip
 python -m pip install -q -c constraints-cpu.txt -e '.[test]'
+# DeepSpeed ships an sdist whose setup.py imports torch: build it against the torch installed
+# above (with build isolation pip would fetch a CUDA torch to build it).
+python -m pip install -q wheel
+python -m pip install -q -c constraints-cpu.txt --no-build-isolation 'deepspeed>=0.19.8,<0.20'
 
 echo "== ruff"
 ruff check src tests

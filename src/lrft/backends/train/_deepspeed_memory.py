@@ -1,0 +1,175 @@
+"""Moving a DeepSpeed model's memory between the device and the host, part by part.
+
+lrft's parts map onto DeepSpeed's states (``OffloadStateTypeEnum``) as follows:
+
+- parameters: ``lp_params``, the (bf16 or fp32) model parameters, or this rank's ZeRO-3 shards;
+- gradients: ``lp_grads``, the reduced gradient partitions (ZeRO-3 also its
+  ``contiguous_grad_buffer``), and any ``param.grad`` still waiting to be reduced (ZeRO-1
+  accumulates there until ``step()``);
+- optimizer: AdamW's moments and the fp32 master partition (``hp_params``), which only the
+  optimizer step reads.
+
+ZeRO-2 does not offload gradients: between backward and ``step()`` they sit in its contiguous
+partition buffer and accumulation lists, which DeepSpeed 0.19.8's ``lp_grads`` offload does not
+move (nor does it move that buffer between steps), so ``offload_gradients`` is declared for
+stages 1 and 3 only.
+
+``engine.offload_states`` moves what it can; DeepSpeed 0.19.8 leaves gaps that lrft fills with
+explicit moves:
+
+- ``reload_states`` reloads everything that is offloaded: lrft hides the states it means to leave
+  on the host from the optimizer's ``offloaded_states`` while calling it;
+- ZeRO-3 refuses to offload optimizer states and master weights unless the optimizer is
+  DeepSpeed's FusedAdam: lrft moves the flat fp32 partitions itself, swapping ``.data`` so that
+  AdamW's state stays keyed by the same tensors;
+- its optimizer-state offload also moves AdamW's ``step`` counters, which torch keeps on the host,
+  to the device on reload: lrft moves the moments itself and leaves ``step`` alone.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from lrft.api.errors import LrftError
+from lrft.api.types import ModelPart
+
+if TYPE_CHECKING:
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
+
+_HOST = torch.device("cpu")
+
+
+def movable_parts(zero_stage: int) -> frozenset[ModelPart]:
+    """The parts ``offload``/``reload`` really move at ``zero_stage`` (see the module notes)."""
+    if zero_stage == 2:
+        return frozenset({ModelPart.PARAMETERS, ModelPart.OPTIMIZER})
+    return frozenset(ModelPart)
+
+
+def _shard(param: torch.nn.Parameter) -> torch.Tensor:
+    shard = getattr(param, "ds_tensor", None)
+    if not isinstance(shard, torch.Tensor):
+        raise LrftError(f"a ZeRO-3 parameter of shape {tuple(param.shape)} has no ds_tensor")
+    return shard
+
+
+def move_partitions(engine: DeepSpeedEngine, module: torch.nn.Module, target: torch.device) -> None:
+    """Move this rank's ZeRO-3 shards of a model without an optimizer (inference) to ``target``.
+
+    Gathered copies (persistent small parameters, leftovers of a forward) are released first,
+    so nothing of the model stays on the device; the next forward gathers what it needs.
+    """
+    if target.type == _HOST.type:
+        engine.empty_partition_cache()
+    for param in module.parameters():
+        shard = _shard(param)
+        shard.data = shard.data.to(target)
+
+
+class TrainStates:
+    """The memory of one trainable engine: its ZeRO optimizer's buffers and pending gradients."""
+
+    def __init__(self, engine: DeepSpeedEngine, device: torch.device) -> None:
+        from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+        from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+        zero = engine.optimizer
+        if not isinstance(zero, DeepSpeedZeroOptimizer | DeepSpeedZeroOptimizer_Stage3):
+            raise LrftError(f"expected a ZeRO optimizer in the engine, found {type(zero).__name__}")
+        self._engine = engine
+        self._zero = zero
+        self._device = device
+        # Master weights the engine cannot move itself (ZeRO-3); ZeRO-1/2 move hp_params.
+        self._own_masters = (
+            list(zero.fp32_partitioned_groups_flat)
+            if isinstance(zero, DeepSpeedZeroOptimizer_Stage3)
+            else []
+        )
+        self._stage3 = isinstance(zero, DeepSpeedZeroOptimizer_Stage3)
+        self._params = [p for p in engine.module.parameters() if p.requires_grad]
+        # Gradients set aside while they or their parameters are off the device: a parameter's
+        # .grad must live on the parameter's device.
+        self._grads: dict[torch.nn.Parameter, torch.Tensor] = {}
+        self._pending_stage3_grads = False
+
+    @property
+    def inner_optimizer(self) -> torch.optim.Optimizer:
+        return self._zero.optimizer
+
+    def _engine_states(self, part: ModelPart) -> list[OffloadStateTypeEnum]:
+        from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as State
+
+        if part is ModelPart.PARAMETERS:
+            return [State.lp_params]
+        if part is ModelPart.GRADIENTS:
+            return (
+                [State.lp_grads, State.contiguous_grad_buffer] if self._stage3 else [State.lp_grads]
+            )
+        return [] if self._stage3 else [State.hp_params]
+
+    def offload(self, part: ModelPart) -> None:
+        from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
+
+        if part is ModelPart.GRADIENTS and self._stage3:
+            # Gradients accumulated since the last step(), which the offload below unlinks.
+            pending = self._zero.averaged_gradients.values()
+            self._pending_stage3_grads = any(grads is not None for grads in pending)
+        self._move_own(part, _HOST)
+        states = self._engine_states(part)
+        if states:
+            # Pinned host memory needs an accelerator.
+            pin = self._device.type == "cuda"
+            self._engine.offload_states(
+                include=states, device=OffloadDeviceEnum.cpu, pin_memory=pin, non_blocking=False
+            )
+
+    def reload(self, part: ModelPart) -> None:
+        states = self._engine_states(part)
+        if states:
+            offloaded = self._zero.offloaded_states
+            elsewhere = offloaded - set(states)
+            offloaded.difference_update(elsewhere)  # reload_states reloads all it finds here
+            try:
+                self._engine.reload_states(non_blocking=False)
+            finally:
+                offloaded.update(elsewhere)
+        self._move_own(part, self._device)
+        if part is ModelPart.GRADIENTS and self._pending_stage3_grads:
+            self._relink_stage3_grads()
+
+    def _relink_stage3_grads(self) -> None:
+        from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+        # ZeRO-3's lp_grads reload re-points each parameter's slot in the flat gradient buffer
+        # but empties the per-group lists step() reads, which its backward epilogue rebuilds from
+        # those slots; with nothing left to reduce, that rebuild is all the epilogue does.
+        assert isinstance(self._zero, DeepSpeedZeroOptimizer_Stage3)
+        self._zero.independent_gradient_partition_epilogue()
+        self._pending_stage3_grads = False
+
+    def _move_own(self, part: ModelPart, target: torch.device) -> None:
+        if part is ModelPart.OPTIMIZER:
+            for state in self.inner_optimizer.state.values():
+                for key, value in state.items():
+                    # AdamW keeps its step counter on the host unless capturable: leave it.
+                    if isinstance(value, torch.Tensor) and key != "step":
+                        state[key] = value.to(target)
+            for master in self._own_masters:
+                master.data = master.data.to(target)
+        elif part is ModelPart.GRADIENTS:
+            for param, grad in self._grads.items():
+                self._grads[param] = grad.to(target)
+
+    def set_aside_grads(self) -> None:
+        for param in self._params:
+            if param.grad is not None:
+                self._grads[param] = param.grad
+                param.grad = None
+
+    def restore_grads(self) -> None:
+        for param, grad in self._grads.items():
+            param.grad = grad
+        self._grads.clear()
