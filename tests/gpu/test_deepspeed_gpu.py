@@ -15,6 +15,7 @@ import torch
 
 pytest.importorskip("deepspeed", reason="deepspeed is not installed: pip install 'lrft[deepspeed]'")
 
+from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from lrft.api import ModelPart, OptimizerConfig
@@ -97,11 +98,23 @@ def _zero3_offload_figures() -> dict[str, float]:
         for key, value in per_tensor.items()
         if key != "step" and isinstance(value, torch.Tensor)
     ]
-    masters = [p for group in policy.optimizer.param_groups for p in group["params"]]
-    expected = _bytes(_shards(inner)) + _bytes(state) + _bytes(masters)
+    # ZeRO-3 empties AdamW's param_groups between steps: the fp32 master partitions live in the
+    # ZeRO optimizer only.
+    zero = policy.engine.optimizer
+    assert isinstance(zero, DeepSpeedZeroOptimizer_Stage3), type(zero).__name__
+    masters = list(zero.fp32_partitioned_groups_flat)
+    assert state, "no AdamW moments to offload"
+    assert masters, "no fp32 master partitions to offload"
+    # Held across offload and reload, as a caller may: moving must not leave copies behind.
+    moved = {"shards": _shards(inner), "moments": state, "masters": masters}
+    expected = sum(_bytes(tensors) for tensors in moved.values())
     policy.offload([ModelPart.PARAMETERS, ModelPart.OPTIMIZER])
     offloaded = _allocated(device) - base
-    on_host = all(t.device.type == "cpu" for t in [*_shards(inner), *state, *masters])
+    left = {
+        f"{kind}_left_on_device": float(sum(t.device.type != "cpu" for t in tensors))
+        for kind, tensors in moved.items()
+    }
+    on_host = not any(left.values())
     policy.reload([ModelPart.PARAMETERS, ModelPart.OPTIMIZER])
     reloaded = _allocated(device) - base
     policy.backward(policy.module(input_ids=ids, labels=ids).loss)
@@ -122,6 +135,7 @@ def _zero3_offload_figures() -> dict[str, float]:
         "freed_mib": (trained - offloaded) / MIB,
         "reloaded_allocated_mib": reloaded / MIB,
         "moved_to_host": float(on_host),
+        **left,
         "frozen_shards_mib": frozen_shards / MIB,
         "frozen_freed_mib": frozen_freed / MIB,
     }
@@ -138,7 +152,11 @@ class TestDeepSpeedMemoryCudaWorld2(DistributedSuite):
             assert f["moved_to_host"] == 1.0, f"rank {rank}: {f}"
             # The shards, the fp32 master partition and AdamW's moments all left the device.
             assert f["freed_mib"] >= 0.95 * f["expected_freed_mib"], f"rank {rank}: {f}"
+            # Everything came back, once: no device copy was kept beside the reloaded one.
             assert f["reloaded_allocated_mib"] >= 0.99 * f["trained_allocated_mib"], (
+                f"rank {rank}: {f}"
+            )
+            assert f["reloaded_allocated_mib"] <= 1.01 * f["trained_allocated_mib"], (
                 f"rank {rank}: {f}"
             )
             assert f["frozen_freed_mib"] >= 0.95 * f["frozen_shards_mib"], f"rank {rank}: {f}"

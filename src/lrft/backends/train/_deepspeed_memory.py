@@ -24,6 +24,11 @@ explicit moves:
   AdamW's state stays keyed by the same tensors;
 - its optimizer-state offload also moves AdamW's ``step`` counters, which torch keeps on the host,
   to the device on reload: lrft moves the moments itself and leaves ``step`` alone.
+
+Every tensor lrft moves keeps its identity (its ``.data`` is swapped, as DeepSpeed does for
+``exp_avg``/``exp_avg_sq``): a moment replaced by a host copy in AdamW's state dict would stay on
+the device as long as anything else still referenced the old tensor, and reload would then put a
+second copy beside it.
 """
 
 from __future__ import annotations
@@ -54,6 +59,16 @@ def _shard(param: torch.nn.Parameter) -> torch.Tensor:
     if not isinstance(shard, torch.Tensor):
         raise LrftError(f"a ZeRO-3 parameter of shape {tuple(param.shape)} has no ds_tensor")
     return shard
+
+
+def _move_storage(tensor: torch.Tensor, target: torch.device) -> None:
+    """Move ``tensor``'s storage to ``target``, keeping the tensor object.
+
+    Replacing the tensor instead (``state[key] = value.to(target)``) leaves every other reference
+    to it (an optimizer state dict being saved, a caller's list of moments) holding the device
+    copy: offload then frees nothing of it, and reload allocates a second one beside it.
+    """
+    tensor.data = tensor.data.to(target)
 
 
 def move_partitions(engine: DeepSpeedEngine, module: torch.nn.Module, target: torch.device) -> None:
@@ -156,9 +171,9 @@ class TrainStates:
                 for key, value in state.items():
                     # AdamW keeps its step counter on the host unless capturable: leave it.
                     if isinstance(value, torch.Tensor) and key != "step":
-                        state[key] = value.to(target)
+                        _move_storage(value, target)
             for master in self._own_masters:
-                master.data = master.data.to(target)
+                _move_storage(master, target)
         elif part is ModelPart.GRADIENTS:
             for param, grad in self._grads.items():
                 self._grads[param] = grad.to(target)
