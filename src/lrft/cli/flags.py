@@ -135,6 +135,17 @@ FLAGS: tuple[Flag, ...] = (
         help="keep FSDP2 parameters, gradients and optimizer state on the host",
     ),
     Flag(
+        name="zero_stage",
+        kind=int,
+        choices=None,
+        help="train with DeepSpeed ZeRO stage 1, 2 or 3 instead of FSDP2 (pip install 'lrft[deepspeed]')",
+    ),
+    Flag(
+        name="deepspeed_config",
+        kind=str,
+        help="DeepSpeed JSON merged into the config lrft generates (needs --zero_stage); conflicting keys are an error",
+    ),
+    Flag(
         name="adam_offload",
         kind=bool,
         help="keep optimizer state on the host outside the policy phase",

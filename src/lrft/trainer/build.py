@@ -10,13 +10,14 @@ import importlib
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from lrft.api.errors import ConfigError
 from lrft.api.optim import OptimizerConfig
-from lrft.api.protocols import RolloutEngine
+from lrft.api.protocols import RolloutEngine, TrainBackend
 from lrft.api.types import SamplingParams
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync.direct import DirectSync
@@ -30,6 +31,9 @@ from lrft.trainer.experience import ExperienceMaker
 from lrft.trainer.export import export_hf
 from lrft.trainer.trainer import RLTrainer
 
+if TYPE_CHECKING:
+    from lrft.backends.train.deepspeed import ZeroStage
+
 ENGINE_SLEEP_LEVEL = 2
 """Training rollouts sleep at level 2: a weight sync always follows and reloads the weights."""
 
@@ -42,6 +46,20 @@ def _hf_engine(pretrain: str, config: TrainConfig) -> RolloutEngine:
 
 ENGINES: dict[str, Callable[[str, TrainConfig], RolloutEngine]] = {"hf": _hf_engine}
 """Rollout engines by ``--engine_type``; each entry must be listed in ``ENGINE_MAX_TP``."""
+
+
+def train_backend(config: TrainConfig) -> TrainBackend:
+    """FSDP2 by default; DeepSpeed ZeRO at ``config.zero_stage`` when it is set."""
+    if config.zero_stage is None:
+        return FSDP2Backend(FSDP2Config(cpu_offload=config.fsdp_cpu_offload))
+    # imported here: deepspeed is an optional dependency and lrft never imports it unasked
+    from lrft.backends.train.deepspeed import DeepSpeedBackend, DeepSpeedConfig, read_override
+
+    override = (
+        {} if config.deepspeed_config is None else read_override(Path(config.deepspeed_config))
+    )
+    stage = cast("ZeroStage", config.zero_stage)
+    return DeepSpeedBackend(DeepSpeedConfig(zero_stage=stage, override=override))
 
 
 def load_reward(spec: str, reference_key: str | None) -> RewardFn:
@@ -99,7 +117,7 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
     assert config.reward_fn is not None  # required with pretrain; the demo sets its own
     reward = load_reward(config.reward_fn, config.reference_key)
 
-    backend = FSDP2Backend(FSDP2Config(cpu_offload=config.fsdp_cpu_offload))
+    backend = train_backend(config)
     model = AutoModelForCausalLM.from_pretrained(config.pretrain, dtype=torch.float32)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()  # type: ignore[no-untyped-call]

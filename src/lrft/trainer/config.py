@@ -64,6 +64,11 @@ def _engine(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
         )
 
 
+def _zero_stage(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None and value not in (1, 2, 3):
+        raise ConfigError(f"{attribute.name} must be 1, 2 or 3 (or unset for FSDP2), got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class TrainConfig:
     """Everything ``lrft train`` does; see ``lrft train --help`` for each field's meaning."""
@@ -110,6 +115,10 @@ class TrainConfig:
     normalize_reward: bool = False
     gradient_checkpointing: bool = False
     fsdp_cpu_offload: bool = False
+    zero_stage: int | None = attrs.field(default=None, validator=_zero_stage)
+    """Train with DeepSpeed ZeRO at this stage instead of FSDP2 (``None``: FSDP2)."""
+    deepspeed_config: str | None = None
+    """A DeepSpeed JSON file merged into the generated config (needs ``zero_stage``)."""
     adam_offload: bool = False
     seed: int = 42
     # bookkeeping -----------------------------------------------------------------------------
@@ -137,6 +146,16 @@ class TrainConfig:
             raise ConfigError(f"reward_fn {self.reward_fn!r} must be 'math' or 'module:function'")
         if self.use_kl_loss and self.init_kl_coef == 0.0:
             raise ConfigError("use_kl_loss needs init_kl_coef > 0 (the KL term's coefficient)")
+        if self.zero_stage is not None and self.fsdp_cpu_offload:
+            raise ConfigError(
+                f"fsdp_cpu_offload is an FSDP2 setting, but zero_stage={self.zero_stage} "
+                "trains with DeepSpeed: choose one"
+            )
+        if self.deepspeed_config is not None and self.zero_stage is None:
+            raise ConfigError(
+                f"deepspeed_config {self.deepspeed_config!r} needs zero_stage (1, 2 or 3): "
+                "without it lrft trains with FSDP2"
+            )
         if self.fsdp_cpu_offload and self.adam_offload:
             raise ConfigError(
                 "adam_offload moves optimizer state to the host between phases, but "

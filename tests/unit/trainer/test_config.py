@@ -51,6 +51,9 @@ def test_engine_tp_size_beyond_the_engine_is_refused() -> None:
         ({"rollout_batch_size": 0}, r"rollout_batch_size must be a positive integer, got 0"),
         ({"pretrain": "m"}, r"pretrain needs prompt_data"),
         ({"kl_estimator": "k9"}, r"kl_estimator 'k9' is unknown"),
+        ({"zero_stage": 4}, r"zero_stage must be 1, 2 or 3 .*got 4"),
+        ({"zero_stage": 3, "fsdp_cpu_offload": True}, r"fsdp_cpu_offload is an FSDP2 setting"),
+        ({"deepspeed_config": "ds.json"}, r"deepspeed_config 'ds.json' needs zero_stage"),
     ],
 )
 def test_invalid_values_are_named(changes: dict[str, object], message: str) -> None:
@@ -108,6 +111,8 @@ def _non_default(name: str) -> list[str]:
         "max_steps": ["--max_steps=2"],
         "engine_tp_size": [],  # hf supports only 1: covered by the validation test
         "save_hf_model": ["--no-save_hf_model"],
+        "zero_stage": ["--zero_stage=3"],
+        "deepspeed_config": ["--zero_stage=3", "--deepspeed_config=ds.json"],
     }
     if name in special:
         return special[name]
