@@ -3,6 +3,7 @@ bit-exact, a failing rank stops every rank, the Hugging Face export loads."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -48,6 +49,31 @@ def _weights(save: Path) -> dict[str, torch.Tensor]:
     return load_file(save / "hf_model" / "model.safetensors")
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid``, read from /proc (torchrun starts each worker in a
+    session of its own, so killing torchrun's process group does not reach them)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended while we looked
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, frontier = [], [pid]
+    while frontier:
+        below = children.get(frontier.pop(), [])
+        found.extend(below)
+        frontier.extend(below)
+    return found
+
+
+def _kill_job(pid: int) -> None:
+    """SIGKILL the launcher and every worker at once, as a node failure would."""
+    for victim in [pid, *_descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+
+
 def test_sigkill_after_checkpoint_then_resume_is_bit_identical(
     inputs: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:
@@ -74,8 +100,8 @@ def test_sigkill_after_checkpoint_then_resume_is_bit_identical(
             time.sleep(0.2)
         assert marker.exists(), "the run never wrote checkpoint global_step2"
         time.sleep(1.0)  # now hanging inside step 3's reward
-        os.killpg(process.pid, signal.SIGKILL)
     finally:
+        _kill_job(process.pid)
         process.wait(timeout=60)
     assert not (killed / "hf_model").exists()
     assert not (killed / "checkpoints" / "global_step4").exists()
