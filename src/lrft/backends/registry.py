@@ -95,4 +95,5 @@ def load(kind: Kind, name: str) -> object:
 
 register("train", "fsdp2", "lrft.backends.train.fsdp2:FSDP2Backend")
 register("rollout", "hf", "lrft.backends.rollout.hf:HFRolloutEngine")
+register("rollout", "vllm", "lrft.backends.rollout.vllm:VLLMRolloutEngine", extra="vllm")
 register("sync", "direct", "lrft.backends.sync.direct:DirectSync")

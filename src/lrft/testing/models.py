@@ -11,16 +11,24 @@ VOCAB_SIZE = 256
 
 
 def tiny_qwen2_config(
-    *, vocab_size: int = VOCAB_SIZE, tie_word_embeddings: bool = False
+    *,
+    vocab_size: int = VOCAB_SIZE,
+    tie_word_embeddings: bool = False,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
 ) -> Qwen2Config:
-    """A 2-layer Qwen2 with hidden size 64: ~0.1 M parameters, fast on two CPU cores."""
+    """A 2-layer Qwen2 with hidden size 64: ~0.1 M parameters, fast on two CPU cores.
+
+    The default 4 heads give head_dim 16; engines whose attention kernels need larger heads
+    (vLLM's CPU attention needs head_dim >= 32) use 2 heads.
+    """
     return Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
         max_position_embeddings=256,
         tie_word_embeddings=tie_word_embeddings,
         bos_token_id=1,
@@ -37,13 +45,23 @@ def tiny_qwen2_config(
 INITIALIZER_RANGE = 0.12
 
 
-def tiny_causal_lm(seed: int = 0, *, tie_word_embeddings: bool = False) -> PreTrainedModel:
+def tiny_causal_lm(
+    seed: int = 0,
+    *,
+    tie_word_embeddings: bool = False,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+) -> PreTrainedModel:
     """A freshly initialised tiny Qwen2 causal LM in fp32; the same ``seed`` gives the same weights.
 
     Every tensor depends on the seed: norm weights (which start at 1) and biases (at 0) are
     perturbed, so that two seeds differ in every tensor and a load that skips one is visible.
     """
-    config = tiny_qwen2_config(tie_word_embeddings=tie_word_embeddings)
+    config = tiny_qwen2_config(
+        tie_word_embeddings=tie_word_embeddings,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+    )
     config.initializer_range = INITIALIZER_RANGE
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
@@ -56,10 +74,20 @@ def tiny_causal_lm(seed: int = 0, *, tie_word_embeddings: bool = False) -> PreTr
 
 
 def save_tiny_causal_lm(
-    directory: Path, seed: int = 0, *, tie_word_embeddings: bool = False
+    directory: Path,
+    seed: int = 0,
+    *,
+    tie_word_embeddings: bool = False,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
 ) -> Path:
-    """Save ``tiny_causal_lm(seed)`` as a Hugging Face folder (safetensors) and return it."""
-    model = tiny_causal_lm(seed, tie_word_embeddings=tie_word_embeddings)
+    """Save ``tiny_causal_lm(seed, ...)`` as a Hugging Face folder (safetensors) and return it."""
+    model = tiny_causal_lm(
+        seed,
+        tie_word_embeddings=tie_word_embeddings,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+    )
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     return directory

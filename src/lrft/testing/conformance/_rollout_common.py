@@ -59,10 +59,16 @@ class EngineModels:
     other_dir: Path
 
 
-def make_engine_models(root: Path) -> EngineModels:
+def make_engine_models(root: Path, heads: tuple[int, int] = (4, 2)) -> EngineModels:
+    """``heads``: (attention heads, key/value heads) of the tiny test models."""
+    q, kv = heads
     return EngineModels(
-        base_dir=save_tiny_causal_lm(root / "base", seed=0),
-        other_dir=save_tiny_causal_lm(root / "other", seed=1),
+        base_dir=save_tiny_causal_lm(
+            root / "base", seed=0, num_attention_heads=q, num_key_value_heads=kv
+        ),
+        other_dir=save_tiny_causal_lm(
+            root / "other", seed=1, num_attention_heads=q, num_key_value_heads=kv
+        ),
     )
 
 

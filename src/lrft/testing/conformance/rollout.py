@@ -31,7 +31,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 import pytest
 import torch
@@ -76,6 +76,10 @@ __all__ = ["EngineModels", "RolloutEngineSuite"]
 class RolloutEngineSuite(DistributedSuite, abc.ABC, Generic[E]):
     """Conformance tests every ``RolloutEngine`` must pass (see ``lrft.api.RolloutEngine``)."""
 
+    #: (attention heads, key/value heads) of the tiny test models (hidden size 64), for engines
+    #: whose kernels need other shapes (vLLM's CPU attention needs head_dim >= 32: ``(2, 2)``)
+    model_heads: ClassVar[tuple[int, int]] = (4, 2)
+
     @classmethod
     @abc.abstractmethod
     def make_engine(cls, model_dir: Path, device: torch.device) -> E:
@@ -92,7 +96,7 @@ class RolloutEngineSuite(DistributedSuite, abc.ABC, Generic[E]):
     @pytest.fixture(scope="class")
     @classmethod
     def engine_models(cls, tmp_path_factory: pytest.TempPathFactory) -> EngineModels:
-        return make_engine_models(tmp_path_factory.mktemp("engine-models"))
+        return make_engine_models(tmp_path_factory.mktemp("engine-models"), cls.model_heads)
 
     # --- surface and generation ------------------------------------------------------------
 

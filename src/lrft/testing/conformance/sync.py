@@ -58,6 +58,9 @@ class WeightSyncSuite(DistributedSuite, abc.ABC, Generic[S]):
 
     #: the dtype the engine stores; a subclass for a bf16 engine sets ``torch.bfloat16``
     engine_dtype: ClassVar[torch.dtype] = torch.float32
+    #: (attention heads, key/value heads) of the tiny trained model (hidden size 64), for engines
+    #: whose kernels need other shapes (vLLM's CPU attention needs head_dim >= 32: ``(2, 2)``)
+    model_heads: ClassVar[tuple[int, int]] = (4, 2)
 
     @classmethod
     @abc.abstractmethod
@@ -82,7 +85,12 @@ class WeightSyncSuite(DistributedSuite, abc.ABC, Generic[S]):
     @pytest.fixture(scope="class")
     @classmethod
     def model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
-        return save_tiny_causal_lm(tmp_path_factory.mktemp("sync-model"), seed=0)
+        return save_tiny_causal_lm(
+            tmp_path_factory.mktemp("sync-model"),
+            seed=0,
+            num_attention_heads=cls.model_heads[0],
+            num_key_value_heads=cls.model_heads[1],
+        )
 
     def test_sync_after_training_matches_trainer_and_reference(
         self, pool: RankPool, model_dir: Path
@@ -115,7 +123,10 @@ def _trained_source(suite: type[WeightSyncSuite[S]], steps: int = TRAIN_STEPS) -
 
     ctx = current_rank_context()
     trainable = suite.make_train_backend().prepare_trainable(
-        tiny_causal_lm(0), optimizer=OptimizerConfig(lr=1e-2)
+        tiny_causal_lm(
+            0, num_attention_heads=suite.model_heads[0], num_key_value_heads=suite.model_heads[1]
+        ),
+        optimizer=OptimizerConfig(lr=1e-2),
     )
     for step in range(steps):
         ids = random_token_batch(seed=1000 * step + ctx.rank, batch=2, length=16)

@@ -1,0 +1,443 @@
+"""``vllm`` rollout engine: one vLLM ``LLM`` per rank in SPMD mode (``external_launcher``).
+
+Every rank of a ``RolloutLayout`` builds its engine at the same time (a collective over the
+default process group). The ranks of one TP group form one vLLM engine; the TP groups are vLLM's
+data-parallel ranks (``data_parallel_size = world_size / tp_size``), which is how vLLM 0.32 runs
+a dense model once per TP group under torchrun. ``generate`` gathers the TP group's requests,
+generates them once and hands each rank its own results.
+
+Weights: an update ships Hugging Face tensors to vLLM's own in-place reload
+(``worker.reload_weights``), one call per loaded batch. vLLM loads a module (q/k/v fused into
+``qkv_proj``, gate/up into ``gate_up_proj``, weight with bias) only when all its tensors come
+together, so tensors of a module whose other members have not arrived yet are held until they
+do; at the end of an update (or when the digest is read inside it) an incomplete module is
+completed with the engine's current values. ``weights_digest`` reads the weights back from the
+worker as the engine computes with them (see ``_vllm_compat.read_local_parameters``), gathers
+TP shards and splits fused modules into Hugging Face tensors.
+
+Memory: lrft's levels map onto vLLM's ``sleep(1)`` / ``sleep(2)`` and ``wake_up(["weights"])``
+then ``wake_up(["kv_cache"])`` on CUDA. vLLM's CPU worker ignores sleep (0.32), so on CPU the
+adapter declares ``sleep_frees_memory=False`` and only the state machine applies.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+import torch.distributed as dist
+
+from lrft.api import validators as v
+from lrft.api.capabilities import EngineCapabilities
+from lrft.api.digest import tensor_digest
+from lrft.api.errors import CapabilityNotSupported, ConfigError
+from lrft.api.protocols import NamedTensors, WeightLoader
+from lrft.api.types import (
+    EnginePart,
+    EngineState,
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    TensorSpec,
+    WeightsResidency,
+)
+from lrft.backends.rollout import _vllm_compat as compat
+from lrft.backends.rollout._lifecycle import EngineLifecycle, validate_batch
+from lrft.dist.collectives import all_gather_objects
+from lrft.dist.layout import RolloutLayout
+
+
+@attrs.frozen(kw_only=True)
+class VLLMEngineConfig:
+    """Settings of the ``vllm`` engine.
+
+    dtype: the dtype vLLM stores and computes in; ``None`` keeps the checkpoint's.
+    tp_size: ranks per engine (one TP group of ``RolloutLayout(world_size, tp_size)``).
+    max_model_len: longest prompt + completion; bounds the KV cache per sequence.
+    max_num_seqs: sequences vLLM schedules at once.
+    gpu_memory_utilization: fraction of the GPU vLLM may use (weights + KV cache), CUDA only.
+    seed: vLLM's engine seed (requests without a seed sample from it).
+    """
+
+    dtype: torch.dtype | None = None
+    tp_size: int = attrs.field(default=1, validator=v.positive)
+    max_model_len: int = attrs.field(default=512, validator=v.positive)
+    max_num_seqs: int = attrs.field(default=64, validator=v.positive)
+    gpu_memory_utilization: float = 0.5
+    seed: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class _Param:
+    """One vLLM parameter and the Hugging Face tensors it holds."""
+
+    vllm_name: str
+    kind: str
+    hf_names: tuple[str, ...]
+    local_sizes: tuple[int, ...]  # rows of each piece in this rank's shard (fused only)
+    kv_replicas: int
+    org_vocab_size: int | None
+
+
+class VLLMRolloutEngine:
+    """A ``RolloutEngine`` (structurally) on vLLM in SPMD mode; see ``lrft.api`` and the module
+    docstring. Construction is collective over the default process group (when there is one)."""
+
+    def __init__(
+        self, model_dir: str | os.PathLike[str], *, config: VLLMEngineConfig | None = None
+    ) -> None:
+        self.config = config if config is not None else VLLMEngineConfig()
+        self._tp_group: dist.ProcessGroup | None = None
+        world, rank = 1, 0
+        if dist.is_initialized():
+            world, rank = dist.get_world_size(), dist.get_rank()
+        layout = RolloutLayout(world_size=world, tp_size=self.config.tp_size)
+        if world > 1:
+            self._tp_group = layout.build_groups().tp_group
+        self._device = _device_of(rank)
+        compat.launcher_environment(rank, world, self._device.index or 0)
+        on_cuda = self._device.type == "cuda"
+        self._llm: Any = compat.build_llm(
+            Path(model_dir),
+            dtype=self.config.dtype,
+            tp_size=self.config.tp_size,
+            dp_size=layout.dp_size,
+            seed=self.config.seed,
+            max_model_len=self.config.max_model_len,
+            max_num_seqs=self.config.max_num_seqs,
+            gpu_memory_utilization=self.config.gpu_memory_utilization,
+            sleep_mode=on_cuda,
+        )
+        compat.collective_rpc(self._llm, compat.install_temperature_logprobs)
+        [described] = compat.collective_rpc(self._llm, compat.describe_parameters)
+        self._params = [_param(entry) for entry in described]
+        specs = self._hf_specs(described)
+        aliases = {}
+        if "lm_head.weight" not in specs and "model.embed_tokens.weight" in specs:
+            aliases["lm_head.weight"] = "model.embed_tokens.weight"  # tied embeddings
+        self._group_of = {
+            hf: param.vllm_name.rsplit(".", 1)[0] for param in self._params for hf in param.hf_names
+        }
+        self._pending: dict[str, torch.Tensor] = {}
+        self._capabilities = EngineCapabilities(
+            sleep_levels={1, 2},
+            sleep_frees_memory=on_cuda,
+            max_tp=layout.world_size,
+            returns_logprobs=True,
+        )
+        self._lifecycle = EngineLifecycle(
+            backend=self.name, capabilities=self._capabilities, specs=specs, aliases=aliases
+        )
+
+    def _hf_specs(self, described: list[dict[str, Any]]) -> dict[str, TensorSpec]:
+        specs = {}
+        for param, entry in zip(self._params, described, strict=True):
+            local = tuple(entry["local_shape"])
+            tp = int(entry["tp_size"])
+            for index, name in enumerate(param.hf_names):
+                specs[name] = TensorSpec(
+                    shape=_full_shape(param, local, tp, index), dtype=entry["dtype"]
+                )
+        return specs
+
+    # --- description -------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return "vllm"
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        return self._capabilities
+
+    @property
+    def llm(self) -> Any:
+        """The wrapped ``vllm.LLM`` (for backdoor reads in tests and advanced callers)."""
+        self._lifecycle.check_open()
+        return self._llm
+
+    @property
+    def state(self) -> EngineState:
+        return self._lifecycle.state
+
+    @property
+    def weights_version(self) -> int | None:
+        return self._lifecycle.weights_version
+
+    def parameter_specs(self) -> Mapping[str, TensorSpec]:
+        return dict(self._lifecycle.specs)
+
+    # --- generation --------------------------------------------------------------------------
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[GenerationResult]:
+        """Collective over the TP group; see ``RolloutEngine.generate``."""
+        self._lifecycle.check_can_generate()
+        for request in requests:
+            if request.multimodal is not None:
+                raise CapabilityNotSupported(
+                    self.name, "multimodal", f"request {request.request_id!r} carries inputs"
+                )
+        batch = (list(requests), params)
+        if self._tp_group is None or dist.get_world_size(self._tp_group) == 1:
+            return self._generate_batches([batch])[0]
+        # Every rank of the group must hand vLLM the same work: gather each rank's requests
+        # with its own sampling parameters, generate them all once, keep this rank's.
+        batches = all_gather_objects(batch, self._tp_group)
+        return self._generate_batches(batches)[dist.get_rank(self._tp_group)]
+
+    def _generate_batches(
+        self, batches: Sequence[tuple[list[GenerationRequest], SamplingParams]]
+    ) -> list[list[GenerationResult]]:
+        from vllm.inputs import TokensPrompt
+
+        prompts, sampling, owners = [], [], []
+        for batch_index, (requests, params) in enumerate(batches):
+            # vLLM refuses n > 1 with greedy sampling; greedy samples are identical, so each
+            # is its own request.
+            copies = params.n if params.greedy else 1
+            vllm_params = compat.sampling_params(
+                attrs.evolve(params, n=1) if copies > 1 else params
+            )
+            for request in requests:
+                for _ in range(copies):
+                    prompts.append(TokensPrompt(prompt_token_ids=list(request.prompt_token_ids)))
+                    sampling.append(vllm_params)
+                    owners.append(batch_index)
+        seeded = any(params.seed is not None for _, params in batches)
+        with _caller_rng_kept(seeded, self._device):
+            outputs = self._llm.generate(prompts, sampling, use_tqdm=False) if prompts else []
+        completions: list[list[Any]] = [[] for _ in batches]
+        for owner, output in zip(owners, outputs, strict=True):
+            completions[owner].extend(sorted(output.outputs, key=lambda c: c.index))
+        return [
+            _results(requests, params, done)
+            for (requests, params), done in zip(batches, completions, strict=True)
+        ]
+
+    # --- memory ------------------------------------------------------------------------------
+
+    def sleep(self, level: int) -> None:
+        plan = self._lifecycle.plan_sleep(level)
+        if self._capabilities.sleep_frees_memory:
+            if plan.weights_from is WeightsResidency.PARKED and plan.moves_weights:
+                # deepening 1 -> 2: vLLM sleeps once; wake the parked weights, then drop them
+                compat.wake(self._llm, ["weights"])
+                compat.sleep(self._llm, 2)
+            elif plan.moves_weights or plan.free_kv_cache:
+                compat.sleep(self._llm, level)
+        self._lifecycle.finish_sleep(plan)
+
+    def wake(
+        self, parts: Collection[EnginePart] = (EnginePart.WEIGHTS, EnginePart.KV_CACHE)
+    ) -> None:
+        plan = self._lifecycle.plan_wake(parts)
+        if self._capabilities.sleep_frees_memory:
+            if plan.weights_from is not None:
+                compat.wake(self._llm, ["weights"])
+            if plan.restore_kv_cache:
+                compat.wake(self._llm, ["kv_cache"])
+        self._lifecycle.finish_wake(plan)
+
+    # --- weights -----------------------------------------------------------------------------
+
+    def load_weights(self, named_tensors: NamedTensors, *, version: int) -> None:
+        self._lifecycle.check_weights_resident("load weights")
+        batch = validate_batch(named_tensors, self._lifecycle.specs, self._lifecycle.aliases)
+        with self.weight_update(version) as load:
+            load(batch)
+
+    def weight_update(self, version: int) -> AbstractContextManager[WeightLoader]:
+        return self._update(version)
+
+    @contextmanager
+    def _update(self, version: int) -> Iterator[WeightLoader]:
+        try:
+            with self._lifecycle.weight_update(version, self._copy) as load:
+                yield load
+                self._flush_pending()
+        finally:
+            self._pending.clear()
+
+    def _copy(self, batch: list[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in batch:
+            # a copy in the engine's dtype: the caller may reuse its buffer after this call
+            dtype = self._lifecycle.specs[name].dtype
+            self._pending[name] = tensor.detach().to("cpu", dtype, copy=True)
+        complete = [
+            group
+            for group in {self._group_of[name] for name, _ in batch}
+            if all(name in self._pending for name in self._members(group))
+        ]
+        self._reload([name for group in complete for name in self._members(group)])
+
+    def _members(self, group: str) -> list[str]:
+        return [name for name, owner in self._group_of.items() if owner == group]
+
+    def _flush_pending(self) -> None:
+        """Complete every partly loaded module with the engine's current values, then load it."""
+        if not self._pending:
+            return
+        current = self._read_hf_weights()
+        names = []
+        for group in sorted({self._group_of[name] for name in self._pending}):
+            for name in self._members(group):
+                self._pending.setdefault(name, current[name])
+                names.append(name)
+        self._reload(names)
+
+    def _reload(self, names: list[str]) -> None:
+        if not names:
+            return
+        weights = [(name, self._pending.pop(name)) for name in names]
+        token = compat.hand_off(weights)
+        compat.collective_rpc(self._llm, compat.reload_from_handoff, token)
+
+    def weights_digest(self) -> dict[str, str]:
+        self._lifecycle.check_weights_resident("read the weights digest")
+        self._flush_pending()
+        return {name: tensor_digest(t) for name, t in self._read_hf_weights().items()}
+
+    def read_weights(self) -> dict[str, torch.Tensor]:
+        """Every weight in Hugging Face names, read back from vLLM's worker (TP shards gathered,
+        fused modules split, CPU-repacked linear weights read through their kernel).
+        Collective over the TP group."""
+        self._lifecycle.check_weights_resident("read the weights")
+        return self._read_hf_weights()
+
+    def _read_hf_weights(self) -> dict[str, torch.Tensor]:
+        [local] = compat.collective_rpc(self._llm, compat.read_local_parameters)
+        weights: dict[str, torch.Tensor] = {}
+        for param in self._params:
+            weights.update(self._to_hf(param, local[param.vllm_name]))
+        return weights
+
+    def _to_hf(self, param: _Param, shard: torch.Tensor) -> dict[str, torch.Tensor]:
+        if param.local_sizes:
+            pieces = torch.split(shard, list(param.local_sizes), dim=0)
+            full = {}
+            for index, (name, piece) in enumerate(zip(param.hf_names, pieces, strict=True)):
+                shards = self._gather(piece)
+                if param.kind == "QKVParallelLinear" and index > 0 and param.kv_replicas > 1:
+                    shards = shards[:: param.kv_replicas]  # replicated KV heads: keep one copy
+                full[name] = torch.cat(shards, dim=0)
+            return full
+        [name] = param.hf_names
+        if param.kind in ("ColumnParallelLinear", "VocabParallelEmbedding", "ParallelLMHead"):
+            tensor = torch.cat(self._gather(shard), dim=0)
+            if param.org_vocab_size is not None:
+                tensor = tensor[: param.org_vocab_size]
+            return {name: tensor.contiguous()}
+        if param.kind == "RowParallelLinear" and param.vllm_name.endswith(".weight"):
+            return {name: torch.cat(self._gather(shard), dim=1)}
+        return {name: shard}
+
+    def _gather(self, shard: torch.Tensor) -> list[torch.Tensor]:
+        if self._tp_group is None or dist.get_world_size(self._tp_group) == 1:
+            return [shard]
+        local = shard.contiguous().to(self._device)
+        shards = [torch.empty_like(local) for _ in range(dist.get_world_size(self._tp_group))]
+        dist.all_gather(shards, local, group=self._tp_group)
+        return [s.cpu() for s in shards]
+
+    # --- teardown ----------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        if self._lifecycle.close():
+            self._pending.clear()
+            compat.shutdown_llm(self._llm)
+            self._llm = None
+
+    def __enter__(self) -> VLLMRolloutEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+
+def _results(
+    requests: Sequence[GenerationRequest], params: SamplingParams, completions: Sequence[Any]
+) -> list[GenerationResult]:
+    results = []
+    for index, completion in enumerate(completions):
+        request = requests[index // params.n]
+        tokens = tuple(completion.token_ids)
+        logprobs = None
+        if params.return_logprobs:
+            logprobs = tuple(
+                step[token].logprob for token, step in zip(tokens, completion.logprobs, strict=True)
+            )
+        results.append(
+            GenerationResult(
+                request_id=request.request_id,
+                sample_index=index % params.n,
+                prompt_token_ids=request.prompt_token_ids,
+                output_token_ids=tokens,
+                finish_reason=_finish_reason(completion.finish_reason),
+                logprobs=logprobs,
+            )
+        )
+    return results
+
+
+@contextmanager
+def _caller_rng_kept(seeded: bool, device: torch.device) -> Iterator[None]:
+    """A seeded generate leaves the caller's RNG streams untouched: vLLM 0.32's CPU sampler
+    draws per-row seeds from the global generator even for seeded requests."""
+    if not seeded:
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        yield
+
+
+def _device_of(rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _param(entry: Mapping[str, Any]) -> _Param:
+    module, param_name = entry["module"], entry["param"]
+    pieces = entry.get("pieces")
+    if pieces:
+        parent = module.rsplit(".", 1)[0]
+        hf_names = tuple(f"{parent}.{piece}.{param_name}" for piece in pieces)
+        if len(entry["local_sizes"]) != len(pieces):
+            raise ConfigError(f"vLLM module {module!r}: cannot split {entry['local_sizes']}")
+    else:
+        hf_names = (f"{module}.{param_name}",)
+    return _Param(
+        vllm_name=f"{module}.{param_name}",
+        kind=entry["kind"],
+        hf_names=hf_names,
+        local_sizes=tuple(entry.get("local_sizes", ())) if pieces else (),
+        kv_replicas=int(entry.get("kv_replicas", 1)),
+        org_vocab_size=entry.get("org_vocab_size"),
+    )
+
+
+def _full_shape(param: _Param, local: tuple[int, ...], tp: int, index: int) -> tuple[int, ...]:
+    if param.local_sizes:
+        rows = param.local_sizes[index] * tp
+        if param.kind == "QKVParallelLinear" and index > 0:
+            rows //= param.kv_replicas
+        return (rows, *local[1:])
+    if param.org_vocab_size is not None:
+        return (param.org_vocab_size, *local[1:])
+    if param.kind == "ColumnParallelLinear":
+        return (local[0] * tp, *local[1:])
+    if param.kind == "RowParallelLinear" and param.vllm_name.endswith(".weight"):
+        return (local[0], local[1] * tp)
+    return local
+
+
+def _finish_reason(reason: str | None) -> FinishReason:
+    return "stop" if reason == "stop" else "length"
