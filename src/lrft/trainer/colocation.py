@@ -49,7 +49,8 @@ class Colocation:
     ``offload_reference``: the reference model lives on the host except during its pass.
     ``offload_optimizer``: the actor's optimizer state lives on the host except during the
     policy phase. Each phase runs inside :meth:`phase`, which records its wall time and the
-    memory at its end into :attr:`records` (``time/<phase>_s``, ``memory/<phase>_mb``).
+    memory at its end into :attr:`records` (``time/<phase>_s``, ``memory/<phase>_mb``), and on
+    CUDA the peak allocated inside the phase (``memory/<phase>_peak_mb``).
     """
 
     def __init__(
@@ -81,6 +82,9 @@ class Colocation:
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        on_cuda = self.device.type == "cuda"
+        if on_cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
         start = time.perf_counter()
         yield
         seconds = time.perf_counter() - start
@@ -88,6 +92,10 @@ class Colocation:
         self.order.append(name)
         self.records[f"time/{name}_s"] = self.records.get(f"time/{name}_s", 0.0) + seconds
         self.records[f"memory/{name}_mb"] = memory
+        if on_cuda:
+            # the high-water mark inside the phase, not only what is left at its end
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**20
+            self.records[f"memory/{name}_peak_mb"] = peak
         logger.debug("phase %s: %.3f s, device memory %.1f MiB", name, seconds, memory)
 
     def begin_iteration(self) -> None:

@@ -22,7 +22,7 @@ from lrft.trainer import checkpoint as ckpt
 from lrft.trainer.colocation import Colocation
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.experience import ExperienceMaker, pack
-from lrft.trainer.metrics import JsonlMetrics, plot_curves
+from lrft.trainer.metrics import MetricsWriter, plot_curves
 from lrft.trainer.policy import PolicyUpdate
 from lrft.trainer.replay import ReplayBuffer
 
@@ -51,8 +51,10 @@ def mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
     }
 
 
-def sum_over_ranks(values: list[float]) -> list[float]:
-    tensor = torch.tensor(values, dtype=torch.float64)
+def sum_over_ranks(values: list[float], device: torch.device) -> list[float]:
+    """Element-wise sums over every rank; ``device`` is this rank's (NCCL reduces device tensors
+    only, gloo host tensors)."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(tensor)
     return [float(x) for x in tensor.tolist()]
@@ -120,8 +122,8 @@ class RLTrainer:
             loss=PolicyLossConfig(eps_clip=config.eps_clip),
         )
         self.buffer = ReplayBuffer(seed=config.seed)
-        self.metrics = JsonlMetrics(
-            Path(config.save_path) / "metrics.jsonl", enabled=self.rank == 0
+        self.metrics = MetricsWriter(
+            Path(config.save_path), enabled=self.rank == 0, tensorboard=config.use_tensorboard
         )
         self.step = 0
 
@@ -188,7 +190,7 @@ class RLTrainer:
         else:
             scores = torch.zeros(0)
         total, correct, count = sum_over_ranks(
-            [float(scores.sum()), float((scores > 0).sum()), float(len(scores))]
+            [float(scores.sum()), float((scores > 0).sum()), float(len(scores))], self.device
         )
         return {"eval/reward_mean": total / count, "eval/accuracy": correct / count}
 
@@ -235,6 +237,14 @@ class RLTrainer:
     # --- the loop ----------------------------------------------------------------------------
 
     def fit(self) -> FitResult:
+        """All iterations, evaluations, checkpoints and the export. Collective."""
+        try:
+            return self._fit()
+        finally:
+            # Also on failure: the TensorBoard event file is complete up to the last record.
+            self.metrics.close()
+
+    def _fit(self) -> FitResult:
         start = time.perf_counter()
         if self.config.load_checkpoint:
             self.resume()
@@ -288,3 +298,5 @@ class RLTrainer:
                 self._say(f"curves written to {png}")
             else:
                 self._say("matplotlib is not installed: no curve PNG (metrics are in JSONL)")
+        if self.metrics.tensorboard is not None:
+            self._say(f"TensorBoard logs in {self.metrics.tensorboard.log_dir}")
