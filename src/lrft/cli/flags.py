@@ -151,7 +151,11 @@ FLAGS: tuple[Flag, ...] = (
         help="keep optimizer state on the host outside the policy phase",
     ),
     Flag(name="seed", kind=int, help="seed of data order, rollouts and shuffling"),
-    Flag(name="save_path", kind=str, help="output folder: metrics.jsonl, hf_model/, curves.png"),
+    Flag(
+        name="save_path",
+        kind=str,
+        help="output folder: metrics.jsonl, hf_model/, curves.png, tensorboard/",
+    ),
     Flag(name="ckpt_path", kind=str, help="checkpoint folder (default: SAVE_PATH/checkpoints)"),
     Flag(name="save_steps", kind=int, help="checkpoint every N iterations (-1: never)"),
     Flag(name="max_ckpt_num", kind=int, help="checkpoints kept (oldest removed)"),
@@ -167,6 +171,12 @@ FLAGS: tuple[Flag, ...] = (
         name="save_hf_model",
         kind=bool,
         help="export the final weights to SAVE_PATH/hf_model (safetensors)",
+    ),
+    Flag(
+        name="use_tensorboard",
+        kind=bool,
+        help="also write the metrics as TensorBoard scalars under SAVE_PATH/tensorboard "
+        "(pip install 'lrft[plots]'; default: on for the built-in demo when tensorboard is installed)",
     ),
     Flag(
         name="collective_timeout_s",

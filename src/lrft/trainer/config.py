@@ -15,6 +15,7 @@ import attrs
 
 from lrft.algo import advantage_estimators, kl_estimators
 from lrft.api.errors import ConfigError
+from lrft.trainer.metrics import PLOTS_EXTRA, tensorboard_available
 
 EngineType = Literal["hf"]
 ENGINE_MAX_TP: dict[str, int] = {"hf": 1}
@@ -67,6 +68,11 @@ def _engine(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
 def _zero_stage(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
     if value is not None and value not in (1, 2, 3):
         raise ConfigError(f"{attribute.name} must be 1, 2 or 3 (or unset for FSDP2), got {value!r}")
+
+
+def _tensorboard_default(config: TrainConfig) -> bool:
+    # The demo promises TensorBoard logs, but tensorboard is optional: on when it is installed.
+    return config.pretrain is None and tensorboard_available()
 
 
 @attrs.frozen(kw_only=True)
@@ -129,6 +135,14 @@ class TrainConfig:
     load_checkpoint: bool = False
     eval_steps: int = -1
     save_hf_model: bool = True
+    use_tensorboard: bool = attrs.field(
+        default=attrs.Factory(_tensorboard_default, takes_self=True)
+    )
+    """Also write the metrics as TensorBoard scalars under ``SAVE_PATH/tensorboard``.
+
+    Needs ``pip install 'lrft[plots]'``. Default: on for the built-in demo when tensorboard is
+    installed, off otherwise.
+    """
     collective_timeout_s: float = attrs.field(default=600.0, validator=_positive_float)
 
     def __attrs_post_init__(self) -> None:
@@ -176,6 +190,11 @@ class TrainConfig:
             raise ConfigError(
                 f"advantage_estimator {self.advantage_estimator!r} compares the responses to one "
                 f"prompt: n_samples_per_prompt must be >= 2, got {self.n_samples_per_prompt}"
+            )
+        if self.use_tensorboard and not tensorboard_available():
+            raise ConfigError(
+                f"use_tensorboard needs the tensorboard package, which is not installed: "
+                f"{PLOTS_EXTRA}"
             )
         max_tp = ENGINE_MAX_TP[self.engine_type]
         if self.engine_tp_size > max_tp:

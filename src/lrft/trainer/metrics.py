@@ -1,4 +1,8 @@
-"""Metrics: one JSON object per line, always; a reward/accuracy curve when matplotlib exists."""
+"""Metrics: one JSON object per line, always; TensorBoard scalars and a curve PNG when asked.
+
+TensorBoard and matplotlib are optional (``pip install 'lrft[plots]'``): they are imported only
+when used, so the trainer runs without them.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,13 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
+PLOTS_EXTRA = "pip install 'lrft[plots]'"
+"""How to install the optional plotting and TensorBoard dependencies; named in errors."""
 
 
 class JsonlMetrics:
@@ -29,6 +39,65 @@ class JsonlMetrics:
             file.flush()
 
 
+class TensorBoardMetrics:
+    """Each metric as a TensorBoard scalar tagged with its own name, at the step.
+
+    The event file is opened at the first :meth:`log` with ``purge_step`` set to that step: a run
+    resumed from a checkpoint at step k first logs step k + 1, so TensorBoard drops what the
+    interrupted run wrote after its checkpoint instead of showing two points per step.
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        if not tensorboard_available():
+            raise ImportError(f"TensorBoard logging needs the tensorboard package: {PLOTS_EXTRA}")
+        self.log_dir = log_dir
+        self._writer: SummaryWriter | None = None
+
+    def log(self, step: int, kind: str, values: Mapping[str, float]) -> None:
+        del kind  # the metric names already carry it (train/..., eval/...)
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=step)
+        for name, value in values.items():
+            self._writer.add_scalar(name, value, global_step=step)
+        # Flushed per record, like the JSONL file, so a killed run keeps its curves.
+        self._writer.flush()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class MetricsWriter:
+    """What the trainer logs, on rank 0: ``metrics.jsonl`` always, TensorBoard when asked.
+
+    ``save_path/metrics.jsonl`` and ``save_path/tensorboard/`` get the same records. Ranks other
+    than 0 (``enabled=False``) write nothing. :meth:`close` ends the TensorBoard event file.
+    """
+
+    def __init__(self, save_path: Path, *, enabled: bool, tensorboard: bool) -> None:
+        self.jsonl = JsonlMetrics(save_path / "metrics.jsonl", enabled=enabled)
+        self.tensorboard = (
+            TensorBoardMetrics(save_path / "tensorboard") if enabled and tensorboard else None
+        )
+
+    @property
+    def path(self) -> Path:
+        """The JSONL file."""
+        return self.jsonl.path
+
+    def log(self, step: int, kind: str, values: Mapping[str, float]) -> None:
+        self.jsonl.log(step, kind, values)
+        if self.tensorboard is not None:
+            self.tensorboard.log(step, kind, values)
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     lines = path.read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines if line.strip()]
@@ -38,8 +107,15 @@ def matplotlib_available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
+def tensorboard_available() -> bool:
+    return importlib.util.find_spec("tensorboard") is not None
+
+
 def plot_curves(metrics_path: Path, output: Path) -> bool:
-    """Training reward and held-out accuracy against the step; ``False`` without matplotlib."""
+    """Training reward and held-out accuracy against the step; ``False`` without matplotlib.
+
+    The figure is 600 x 400 pixels.
+    """
     if not matplotlib_available():
         return False
     import matplotlib  # type: ignore[import-not-found, unused-ignore]

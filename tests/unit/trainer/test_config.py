@@ -14,6 +14,7 @@ from lrft.cli import config_from_args, main
 from lrft.cli.flags import FLAGS
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.demo import DEMO_SETTINGS
+from lrft.trainer.metrics import tensorboard_available
 
 MODEL = ["train", "--pretrain=m", "--prompt_data=p.jsonl", "--reward_fn=math"]
 
@@ -95,6 +96,25 @@ def test_no_model_means_the_demo_preset() -> None:
     assert config_from_args(["train", "--max_steps=3"]).max_steps == 3
 
 
+def test_tensorboard_missing_is_refused_before_starting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("lrft.trainer.config.tensorboard_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"use_tensorboard .* pip install 'lrft\[plots\]'"):
+        TrainConfig(use_tensorboard=True)
+    assert main([*MODEL, "--use_tensorboard"]) == 2
+    assert "pip install 'lrft[plots]'" in capsys.readouterr().err
+    assert config_from_args(["train"]).use_tensorboard is False  # the demo runs without it
+
+
+def test_tensorboard_is_on_for_the_demo_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("lrft.trainer.config.tensorboard_available", lambda: True)
+    assert config_from_args(["train"]).use_tensorboard is True
+    assert config_from_args(["train", "--no-use_tensorboard"]).use_tensorboard is False
+    assert config_from_args(MODEL).use_tensorboard is False
+    assert config_from_args([*MODEL, "--use_tensorboard"]).use_tensorboard is True
+
+
 def _non_default(name: str) -> list[str]:
     """A command line that sets ``name`` to something other than its default (still valid)."""
     special = {
@@ -113,6 +133,8 @@ def _non_default(name: str) -> list[str]:
         "save_hf_model": ["--no-save_hf_model"],
         "zero_stage": ["--zero_stage=3"],
         "deepspeed_config": ["--zero_stage=3", "--deepspeed_config=ds.json"],
+        # the default depends on the preset; without tensorboard the flag is an error (tested)
+        "use_tensorboard": ["--use_tensorboard"] if tensorboard_available() else [],
     }
     if name in special:
         return special[name]

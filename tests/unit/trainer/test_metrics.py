@@ -1,0 +1,114 @@
+"""Metrics outputs read back by independent readers: TensorBoard's own, PIL for the PNG."""
+
+from __future__ import annotations
+
+import math
+import struct
+from pathlib import Path
+
+import pytest
+
+from lrft.trainer.metrics import MetricsWriter, plot_curves, read_metrics
+
+RECORDS: list[tuple[int, str, dict[str, float]]] = [
+    (0, "eval", {"eval/accuracy": 0.125, "eval/reward_mean": 0.125}),
+    (1, "train", {"train/reward_mean": 0.25, "time/step_s": 1.7, "memory/policy_mb": 812.3}),
+    (2, "train", {"train/reward_mean": 0.5, "time/step_s": 1.6, "memory/policy_mb": 813.9}),
+    (2, "eval", {"eval/accuracy": 0.375, "eval/reward_mean": 0.375}),
+]
+
+
+def _float32(value: float) -> float:
+    # TensorBoard stores scalars as float32.
+    return float(struct.unpack("f", struct.pack("f", value))[0])
+
+
+def _read_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    accumulator_module = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator",
+        reason="needs tensorboard (pip install 'lrft[plots]')",
+    )
+    accumulator = accumulator_module.EventAccumulator(str(log_dir))
+    accumulator.Reload()
+    return {
+        tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
+        for tag in accumulator.Tags()["scalars"]
+    }
+
+
+def _expected(
+    records: list[tuple[int, str, dict[str, float]]],
+) -> dict[str, list[tuple[int, float]]]:
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for step, _, values in records:
+        for name, value in values.items():
+            expected.setdefault(name, []).append((step, _float32(value)))
+    return expected
+
+
+def test_tensorboard_gets_every_metric_the_jsonl_gets(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="needs tensorboard (pip install 'lrft[plots]')")
+    writer = MetricsWriter(tmp_path, enabled=True, tensorboard=True)
+    for step, kind, values in RECORDS:
+        writer.log(step, kind, values)
+    writer.close()
+
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert _read_scalars(tmp_path / "tensorboard") == _expected(RECORDS)
+    jsonl = read_metrics(tmp_path / "metrics.jsonl")
+    assert [(r["step"], r["kind"]) for r in jsonl] == [(s, k) for s, k, _ in RECORDS]
+
+
+def test_resumed_run_replaces_the_steps_after_its_checkpoint(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="needs tensorboard (pip install 'lrft[plots]')")
+    interrupted = MetricsWriter(tmp_path, enabled=True, tensorboard=True)
+    for step in (1, 2, 3):  # checkpoint at step 2, killed after logging step 3
+        interrupted.log(step, "train", {"train/reward_mean": step / 10})
+    interrupted.close()
+    resumed = MetricsWriter(tmp_path, enabled=True, tensorboard=True)
+    for step in (3, 4):
+        resumed.log(step, "train", {"train/reward_mean": step / 100})
+    resumed.close()
+
+    scalars = _read_scalars(tmp_path / "tensorboard")["train/reward_mean"]
+    assert scalars == [
+        (1, _float32(0.1)),
+        (2, _float32(0.2)),
+        (3, _float32(0.03)),
+        (4, _float32(0.04)),
+    ]
+
+
+def test_other_ranks_and_the_default_write_no_tensorboard(tmp_path: Path) -> None:
+    MetricsWriter(tmp_path / "rank1", enabled=False, tensorboard=True).log(1, "train", {"a": 1.0})
+    without = MetricsWriter(tmp_path / "rank0", enabled=True, tensorboard=False)
+    without.log(1, "train", {"a": 1.0})
+    without.close()
+    assert not (tmp_path / "rank1").exists()
+    assert without.tensorboard is None
+    assert not (tmp_path / "rank0" / "tensorboard").exists()
+
+
+def test_non_finite_values_are_null_in_jsonl(tmp_path: Path) -> None:
+    writer = MetricsWriter(tmp_path, enabled=True, tensorboard=False)
+    writer.log(1, "train", {"train/reward_mean": math.nan})
+    assert read_metrics(writer.path) == [{"kind": "train", "step": 1, "train/reward_mean": None}]
+
+
+def test_plot_curves_writes_a_readable_png(tmp_path: Path) -> None:
+    image_module = pytest.importorskip(
+        "PIL.Image", reason="needs pillow (pip install 'lrft[plots]')"
+    )
+    pytest.importorskip("matplotlib", reason="needs matplotlib (pip install 'lrft[plots]')")
+    writer = MetricsWriter(tmp_path, enabled=True, tensorboard=False)
+    for step, kind, values in RECORDS:
+        writer.log(step, kind, values)
+    png = tmp_path / "curves.png"
+
+    assert plot_curves(writer.path, png)
+
+    assert png.stat().st_size > 0
+    with image_module.open(png) as image:
+        assert image.format == "PNG"
+        assert image.size == (600, 400)  # figsize 6 x 4 inches at 100 dpi
+        image.load()
