@@ -29,7 +29,7 @@ def make_model_folder(directory: Path, seed: int = 0) -> Path:
 
 
 def make_prompt_files(directory: Path) -> tuple[Path, Path]:
-    task = AdditionTask(max_operand=99, num_train=64, num_eval=8)
+    task = AdditionTask(digits=2, num_train=64, num_eval=8)
     train = write_jsonl(directory / "train.jsonl", task.train_problems())
     held_out = write_jsonl(directory / "eval.jsonl", task.eval_problems())
     return train, held_out

@@ -1,0 +1,53 @@
+"""The demo's rule reward, as an ``lrft.rewards.RewardFn``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from lrft.api import validators as v
+from lrft.api.errors import ConfigError
+from lrft.demo.task import extract_answer
+from lrft.rewards.base import RewardError, RewardOutput, RewardSample
+
+
+@attrs.frozen(kw_only=True)
+class AdditionReward:
+    """1.0 when the response states exactly the reference sum, else ``format_weight`` for a
+    well-formed integer and 0.0 for anything else.
+
+    ``format_weight`` (default 0) rewards answering with a plain integer, without any credit for
+    its value: a small weight (0.1) keeps a policy's answers well formed under a learning rate
+    high enough to unlearn the format. The metrics ``correct`` and ``well_formed`` (0/1 per
+    sample) are logged whatever the weight. A sample without a reference is an error.
+    """
+
+    format_weight: float = attrs.field(default=0.0, validator=[v.non_negative, v.finite])
+    name: str = "addition"
+
+    def __attrs_post_init__(self) -> None:
+        if self.format_weight >= 1.0:
+            raise ConfigError(
+                f"format_weight must be < 1 (an exact answer scores 1), got {self.format_weight!r}"
+            )
+
+    def __call__(self, samples: Sequence[RewardSample]) -> RewardOutput:
+        correct: list[float] = []
+        well_formed: list[float] = []
+        for index, sample in enumerate(samples):
+            if sample.reference is None:
+                raise RewardError(
+                    reward=self.name,
+                    sample_index=index,
+                    detail="the sample has no reference answer (set reference_key to the "
+                    "column holding the sum)",
+                )
+            stated = extract_answer(sample.response)
+            well_formed.append(float(stated is not None))
+            correct.append(float(stated is not None and stated == sample.reference.strip()))
+        scores = [
+            1.0 if right else self.format_weight * formed
+            for right, formed in zip(correct, well_formed, strict=True)
+        ]
+        return RewardOutput(scores=scores, metrics={"correct": correct, "well_formed": well_formed})
