@@ -34,7 +34,7 @@ spare one."""
 
 
 def model_config() -> Qwen2Config:
-    """The demo architecture: 3 layers, hidden size 128, tied embeddings; ~0.5 M parameters."""
+    """The demo architecture: 3 layers, hidden size 128, tied embeddings; ~0.6 M parameters."""
     return Qwen2Config(
         vocab_size=VOCAB_SIZE,
         hidden_size=128,

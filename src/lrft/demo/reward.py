@@ -17,10 +17,9 @@ class AdditionReward:
     """1.0 when the response states exactly the reference sum, else ``format_weight`` for a
     well-formed integer and 0.0 for anything else.
 
-    ``format_weight`` (default 0) rewards answering with a plain integer, without any credit for
-    its value: a small weight (0.1) keeps a policy's answers well formed under a learning rate
-    high enough to unlearn the format. The metrics ``correct`` and ``well_formed`` (0/1 per
-    sample) are logged whatever the weight. A sample without a reference is an error.
+    ``format_weight`` (default 0: a binary reward) is partial credit for answering with a plain
+    integer, whatever its value. The metrics ``correct`` and ``well_formed`` (0/1 per sample) are
+    reported whatever the weight. A sample without a reference is an error.
     """
 
     format_weight: float = attrs.field(default=0.0, validator=[v.non_negative, v.finite])

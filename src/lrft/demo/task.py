@@ -1,9 +1,12 @@
-"""The demo task: add two non-negative integers, checked exactly by a rule.
+"""The demo task: add two numbers, checked exactly by a rule.
 
-A problem is the prompt ``"123+45="`` and its answer ``"168"``. The held-out and training
-problems are drawn from one seeded generator, held-out first; a training problem is never a
-held-out problem nor one with the operands swapped (``45+123=``), so held-out accuracy measures
-addition rather than recall.
+A problem is the prompt ``"47+38="`` and its answer ``"85"`` (by default both operands have two
+digits). The held-out and training problems are drawn from one seeded generator, held-out first;
+a training problem is never a held-out problem nor one with the operands swapped (``38+47=``), so
+held-out accuracy measures addition rather than recall.
+
+:func:`sloppy_sum` is the teacher of the demo model's warm-up, who forgets carries, and
+:func:`teacher_answers` lists what that teacher can say to a problem.
 """
 
 from __future__ import annotations

@@ -4,7 +4,10 @@ leaves the headroom the RL demo needs."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import huggingface_hub.constants
+import jinja2
 import pytest
 import torch
 from transformers import (
@@ -17,6 +20,7 @@ from transformers import (
 
 from lrft.api.types import GenerationRequest, SamplingParams
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
+from lrft.data import PromptDataConfig, load_prompt_dataset
 from lrft.demo.model import (
     ASSETS_DIR,
     MAX_NEW_TOKENS,
@@ -26,7 +30,14 @@ from lrft.demo.model import (
     load_tokenizer,
     model_config,
 )
-from lrft.demo.task import AdditionTask, Problem
+from lrft.demo.task import (
+    EOS_TEXT,
+    INPUT_KEY,
+    REFERENCE_KEY,
+    AdditionTask,
+    Problem,
+    write_jsonl,
+)
 from lrft.demo.tokenizer import EOS_ID, EOS_TOKEN, PAD_ID, PAD_TOKEN, VOCAB_SIZE, build_tokenizer
 
 TASK = AdditionTask()
@@ -34,7 +45,8 @@ TASK = AdditionTask()
 
 @pytest.fixture(autouse=True)
 def offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # The hub reads HF_HUB_OFFLINE once, at import; with the constant set, any request raises.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +93,7 @@ def test_the_saved_tokenizer_encodes_as_the_built_one(tokenizer: PreTrainedToken
 
 
 def test_prompts_are_one_token_per_character(tokenizer: PreTrainedTokenizerBase) -> None:
+    assert EOS_TEXT == EOS_TOKEN  # the task module names the token without importing tokenizers
     for problem in TASK.train_problems()[:100]:
         text = problem.prompt + problem.answer
         assert tokenizer.encode(text) == list(text.encode("ascii"))
@@ -93,8 +106,28 @@ def test_chat_template_renders_the_bare_problem(tokenizer: PreTrainedTokenizerBa
     rendered = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
     assert rendered == "47+38="
     system = [{"role": "system", "content": "be careful"}, *user]
-    with pytest.raises(Exception, match="only user messages"):
+    with pytest.raises(jinja2.TemplateError, match="only user messages, got system"):
         tokenizer.apply_chat_template(system, tokenize=False)
+
+
+@pytest.mark.parametrize("apply_chat_template", [False, True])
+def test_prompt_files_load_as_lrft_prompts(
+    tokenizer: PreTrainedTokenizerBase, tmp_path: Path, apply_chat_template: bool
+) -> None:
+    problems = TASK.eval_problems()[:20]
+    path = write_jsonl(tmp_path / "eval.jsonl", problems)
+    config = PromptDataConfig(
+        prompt_data=str(path),
+        input_key=INPUT_KEY,
+        reference_key=REFERENCE_KEY,
+        apply_chat_template=apply_chat_template,
+    )
+    dataset = load_prompt_dataset(config, tokenizer)
+    assert [s.prompt_text for s in dataset] == [p.prompt for p in problems]
+    assert [list(s.prompt_token_ids) for s in dataset] == [
+        list(p.prompt.encode("ascii")) for p in problems
+    ]
+    assert [s.reference for s in dataset] == [p.answer for p in problems]
 
 
 def test_recorded_accuracies_match_the_weights(
@@ -120,7 +153,7 @@ def test_greedy_accuracy_is_low_because_carries_are_dropped(
 def test_sampling_finds_answers_that_greedy_misses(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
 ) -> None:
-    with_carry = [p for p in TASK.eval_problems()[:100] if p.has_carry]
+    with_carry = [p for p in TASK.eval_problems()[:60] if p.has_carry]
     sampled = answer_accuracy(model, tokenizer, with_carry, temperature=1.0, samples=8, seed=0)
     assert 0.1 <= sampled <= 0.5
 

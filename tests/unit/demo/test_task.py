@@ -23,6 +23,7 @@ from lrft.demo.task import (
     is_correct,
     problem_rows,
     sloppy_sum,
+    teacher_answers,
     write_jsonl,
 )
 
@@ -154,6 +155,31 @@ def test_sloppy_sum_drops_carries_at_the_given_rate() -> None:
     assert {sloppy_sum(12, 34, carry_drop=1.0, rng=rng) for _ in range(10)} == {"46"}
     with pytest.raises(ValueError, match=r"carry_drop must be in \[0, 1\]"):
         sloppy_sum(1, 2, carry_drop=1.5, rng=rng)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "carries", "answers"),
+    [
+        (12, 34, False, {"46"}),
+        (0, 0, False, {"0"}),
+        (15, 5, True, {"20", "10"}),
+        (95, 91, True, {"186", "86"}),
+        (99, 1, True, {"100", "90", "0"}),
+        (50, 50, True, {"100", "0"}),
+    ],
+)
+def test_carries_and_teacher_answers(a: int, b: int, carries: bool, answers: set[str]) -> None:
+    problem = Problem(a=a, b=b)
+    assert problem.has_carry is carries
+    assert teacher_answers(problem) == answers
+
+
+@given(st.integers(0, 999), st.integers(0, 999), st.integers(0, 2**32))
+def test_the_teacher_answers_within_its_answer_set(a: int, b: int, seed: int) -> None:
+    answers = teacher_answers(Problem(a=a, b=b))
+    assert str(a + b) in answers
+    assert sloppy_sum(a, b, carry_drop=0.5, rng=random.Random(seed)) in answers
+    assert (len(answers) > 1) is Problem(a=a, b=b).has_carry
 
 
 def test_prompt_files(tmp_path: Path) -> None:
