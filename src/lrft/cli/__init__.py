@@ -63,7 +63,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
     if path.suffix == ".json":
         values = json.loads(text)
     else:
-        import yaml  # type: ignore[import-untyped, unused-ignore]
+        import yaml  # type: ignore[import-untyped, unused-ignore]  # PyYAML is optional and untyped
 
         values = yaml.safe_load(text)
     if not isinstance(values, dict):

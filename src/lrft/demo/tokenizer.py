@@ -59,7 +59,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     backend.add_special_tokens([EOS_TOKEN, PAD_TOKEN])
     # transformers 5 aliases PreTrainedTokenizerFast to TokenizersBackend, whose __init__ takes
     # unannotated (*args, **kwargs).
-    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # unannotated in transformers
         tokenizer_object=backend,
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,

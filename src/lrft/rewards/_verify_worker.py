@@ -26,7 +26,7 @@ from typing import Any
 
 def _judge(request: dict[str, Any]) -> dict[str, Any]:
     # math-verify 0.9 ships no type information; its results stay Any inside this function.
-    from math_verify import (  # type: ignore[import-untyped]
+    from math_verify import (  # type: ignore[import-untyped]  # math-verify ships no type information
         ExprExtractionConfig,
         LatexExtractionConfig,
         parse,

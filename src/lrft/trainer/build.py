@@ -120,7 +120,7 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
     backend = train_backend(config)
     model = AutoModelForCausalLM.from_pretrained(config.pretrain, dtype=torch.float32)
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()  # type: ignore[no-untyped-call]
+        model.gradient_checkpointing_enable()  # type: ignore[no-untyped-call]  # unannotated in transformers
     actor = backend.prepare_trainable(
         model,
         optimizer=OptimizerConfig(

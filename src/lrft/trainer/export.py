@@ -34,7 +34,7 @@ def export_hf(
     if rank == 0:
         config = AutoConfig.from_pretrained(pretrained)
         dtype = next(iter(state.values())).dtype
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]  # transformers leaves from_config unannotated
         missing, unexpected = model.load_state_dict(state, strict=False)
         tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - set(
             dict(model.named_parameters())

@@ -118,10 +118,10 @@ def plot_curves(metrics_path: Path, output: Path) -> bool:
     """
     if not matplotlib_available():
         return False
-    import matplotlib  # type: ignore[import-not-found, unused-ignore]
+    import matplotlib  # type: ignore[import-not-found, unused-ignore]  # optional (lrft[plots]), untyped
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]
+    import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]  # optional (lrft[plots]), untyped
 
     records = read_metrics(metrics_path)
     train = [(r["step"], r["train/reward_mean"]) for r in records if r["kind"] == "train"]

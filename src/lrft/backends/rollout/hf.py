@@ -357,7 +357,7 @@ def _generation_config(params: SamplingParams) -> GenerationConfig:
 
 def _new_generation_config(**settings: Any) -> GenerationConfig:
     # transformers 5 declares GenerationConfig.__init__(self, **kwargs) without annotations.
-    return GenerationConfig(**settings)  # type: ignore[no-untyped-call]
+    return GenerationConfig(**settings)  # type: ignore[no-untyped-call]  # unannotated in transformers
 
 
 def _chosen_logprobs(

@@ -22,7 +22,6 @@ import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
 from lrft.api.capabilities import TrainCapabilities
-from lrft.api.errors import ConfigError
 from lrft.api.optim import OptimizerConfig, SchedulerConfig
 from lrft.backends.train._deepspeed_config import (
     DeepSpeedConfig,
@@ -36,6 +35,11 @@ from lrft.backends.train._deepspeed_models import (
     DeepSpeedFrozenModel,
     DeepSpeedTrainableModel,
     hf_named_parameters,
+)
+from lrft.backends.train._placement import (
+    current_device,
+    require_process_group,
+    resolve_mixed_precision,
 )
 
 __all__ = [
@@ -61,14 +65,6 @@ def require_deepspeed() -> None:
         import deepspeed  # noqa: F401
     except ImportError as error:
         raise ImportError(f"the deepspeed train backend needs DeepSpeed: {INSTALL_HINT}") from error
-
-
-def _current_device() -> torch.device:
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    local_rank = os.environ.get("LOCAL_RANK")
-    index = int(local_rank) if local_rank is not None else torch.cuda.current_device()
-    return torch.device("cuda", index)
 
 
 def _init_deepspeed_comm(device: torch.device) -> None:
@@ -102,24 +98,12 @@ class DeepSpeedBackend:
 
     def __init__(self, config: DeepSpeedConfig | None = None) -> None:
         require_deepspeed()
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "the deepspeed backend needs torch.distributed to be initialised: call "
-                "lrft.dist.init_distributed() first (a single process uses a 1-rank group)"
-            )
+        require_process_group("deepspeed")
         self._config = config if config is not None else DeepSpeedConfig()
-        self._device = _current_device()
-        on_cuda = self._device.type == "cuda"
-        if self._config.mixed_precision and not on_cuda:
-            raise ConfigError(
-                "DeepSpeedConfig.mixed_precision=True needs CUDA (bf16 parameters with fp32 "
-                "master weights); use None to enable it only where CUDA is available"
-            )
-        self._mixed = (
-            on_cuda if self._config.mixed_precision is None else self._config.mixed_precision
+        self._device = current_device()
+        self._mixed = resolve_mixed_precision(
+            self._config.mixed_precision, self._device, "DeepSpeedConfig.mixed_precision"
         )
-        if on_cuda:
-            torch.cuda.set_device(self._device)
         # The override is checked against this world and precision now, not at the first wrap.
         self._config.deepspeed_config(
             world_size=dist.get_world_size(), mixed_precision=self._mixed, max_grad_norm=None

@@ -9,7 +9,6 @@ AdamW state stay fp32); on CPU everything is fp32.
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable
 from typing import TypedDict
@@ -27,10 +26,14 @@ from torch.distributed.fsdp import (
 from torch.optim.lr_scheduler import LambdaLR
 
 from lrft.api.capabilities import TrainCapabilities
-from lrft.api.errors import ConfigError
 from lrft.api.optim import OptimizerConfig, SchedulerConfig
 from lrft.api.types import ModelPart
 from lrft.backends.train._fsdp2_models import NAME, FSDP2FrozenModel, FSDP2TrainableModel, hf_name
+from lrft.backends.train._placement import (
+    current_device,
+    require_process_group,
+    resolve_mixed_precision,
+)
 
 __all__ = [
     "NAME",
@@ -65,14 +68,6 @@ class FSDP2Config:
     cpu_offload: bool = False
 
 
-def _current_device() -> torch.device:
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    local_rank = os.environ.get("LOCAL_RANK")
-    index = int(local_rank) if local_rank is not None else torch.cuda.current_device()
-    return torch.device("cuda", index)
-
-
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules whose class name is in ``model._no_split_modules`` (transformers' layers)."""
     names = set(getattr(model, "_no_split_modules", None) or ())
@@ -89,24 +84,12 @@ class FSDP2Backend:
     """
 
     def __init__(self, config: FSDP2Config | None = None) -> None:
-        if not dist.is_available() or not dist.is_initialized():
-            raise RuntimeError(
-                "the fsdp2 backend needs torch.distributed to be initialised: call "
-                "lrft.dist.init_distributed() first (a single process uses a 1-rank group)"
-            )
+        require_process_group("fsdp2")
         self._config = config if config is not None else FSDP2Config()
-        self._device = _current_device()
-        on_cuda = self._device.type == "cuda"
-        if self._config.mixed_precision and not on_cuda:
-            raise ConfigError(
-                "FSDP2Config.mixed_precision=True needs CUDA (bf16 compute with fp32 reduction); "
-                "use None to enable it only where CUDA is available"
-            )
-        self._mixed = (
-            on_cuda if self._config.mixed_precision is None else self._config.mixed_precision
+        self._device = current_device()
+        self._mixed = resolve_mixed_precision(
+            self._config.mixed_precision, self._device, "FSDP2Config.mixed_precision"
         )
-        if on_cuda:
-            torch.cuda.set_device(self._device)
         self._mesh: DeviceMesh = init_device_mesh(self._device.type, (dist.get_world_size(),))
         movable = () if self._config.cpu_offload else tuple(ModelPart)
         self._capabilities = TrainCapabilities(
