@@ -1,4 +1,4 @@
-"""The ``deepspeed`` backend on NCCL/CUDA at world 2: the CPU suites on GPUs, and device memory
+"""The ``deepspeed`` backend on NCCL/CUDA at worlds 2 and 4: the CPU suites on GPUs, and device memory
 really released by ``offload`` under ZeRO-3 (bf16 parameters, fp32 master weights and AdamW).
 
 Skipped with a reason where deepspeed is not installed or fewer than two CUDA devices are visible.
@@ -47,6 +47,18 @@ class TestZero3CudaWorld2(DeepSpeedSuite):
 class TestSyncZero3CudaWorld2(DeepSpeedSyncSuite):
     zero_stage = 3
     world_size = 2
+    device_type = "cuda"
+
+
+class TestZero3CudaWorld4(DeepSpeedSuite):
+    zero_stage = 3
+    world_size = 4
+    device_type = "cuda"
+
+
+class TestSyncZero3CudaWorld4(DeepSpeedSyncSuite):
+    zero_stage = 3
+    world_size = 4
     device_type = "cuda"
 
 
