@@ -1,6 +1,7 @@
-"""The conformance suites on NCCL/CUDA at world 2: the same tests as tests/conformance, on GPUs.
+"""The conformance suites on NCCL/CUDA at world 2 (the hf engine at world 1 too): the same tests
+as tests/conformance, on GPUs.
 
-Skipped with a reason where fewer than two CUDA devices are visible (CI has none).
+Skipped with a reason where too few CUDA devices are visible (CI has none).
 """
 
 from __future__ import annotations
@@ -13,6 +14,13 @@ from tests.conformance.test_layout_hf import HFLayoutSuite
 
 class TestFSDP2CudaWorld2(FSDP2Suite):
     world_size = 2
+    device_type = "cuda"
+
+
+class TestHFEngineCudaWorld1(HFEngineSuite):
+    """The default CUDA path (static cache, CUDA graphs) on one GPU."""
+
+    world_size = 1
     device_type = "cuda"
 
 

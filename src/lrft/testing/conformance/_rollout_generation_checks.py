@@ -280,6 +280,24 @@ def check_batch_independence(
 
 
 @rank_check
+def check_uneven_requests(
+    suite: Suite, models: EngineModels, rank: int, device: torch.device
+) -> None:
+    """Every rank calls ``generate`` equally often (a collective over the TP group, and over
+    every engine of an engine that steps its data-parallel copies together), but with its own
+    number of requests, none included: each gets exactly its own results."""
+    engine = ready_engine(suite, models, device)
+    prompts = rank_prompts(rank)
+    for count in (rank % 3, 0 if rank % 2 else len(prompts)):
+        mine = prompts[:count]
+        got = greedy_outputs(engine, mine)
+        assert len(got) == count, f"rank {rank} sent {count} requests and got {len(got)} results"
+        assert_matches_reference(
+            got, mine, models.base_dir, device, f"rank {rank}, {count} requests"
+        )
+
+
+@rank_check
 def check_multimodal_gated(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:

@@ -51,6 +51,7 @@ from lrft.testing.conformance._rollout_generation_checks import (
     check_seed,
     check_stop_token_ids,
     check_truncated_sampling_is_greedy,
+    check_uneven_requests,
 )
 from lrft.testing.conformance._rollout_weight_checks import (
     check_asleep_refuses_work,
@@ -138,6 +139,11 @@ class RolloutEngineSuite(DistributedSuite, abc.ABC, Generic[E]):
 
     def test_greedy_independent_of_batch(self, pool: RankPool, engine_models: EngineModels) -> None:
         pool.run(check_batch_independence, type(self), engine_models)
+
+    def test_ranks_with_uneven_or_no_requests(
+        self, pool: RankPool, engine_models: EngineModels
+    ) -> None:
+        pool.run(check_uneven_requests, type(self), engine_models)
 
     def test_multimodal_needs_capability(self, pool: RankPool, engine_models: EngineModels) -> None:
         pool.run(check_multimodal_gated, type(self), engine_models)
