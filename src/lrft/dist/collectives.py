@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
 
+import torch
 import torch.distributed as dist
 
 from lrft.api.errors import LrftError
@@ -13,6 +14,18 @@ from lrft.api.types import GenerationRequest, GenerationResult, SamplingParams
 T = TypeVar("T")
 
 GenerateFn = Callable[[Sequence[GenerationRequest], SamplingParams], list[GenerationResult]]
+
+
+def all_gather_into(
+    output: torch.Tensor, local: torch.Tensor, group: dist.ProcessGroup | None = None
+) -> None:
+    """``output`` = every rank's ``local``, concatenated in rank order. Collective.
+
+    torch 2.13 renamed ``all_gather_into_tensor`` to ``all_gather_single`` (the old name warns);
+    earlier releases have only the old one.
+    """
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, local, group=group)
 
 
 def all_gather_objects(value: T, group: dist.ProcessGroup | None = None) -> list[T]:

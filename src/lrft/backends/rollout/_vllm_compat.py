@@ -62,7 +62,7 @@ def build_llm(
     tp_size: int,
     dp_size: int,
     seed: int,
-    max_model_len: int,
+    max_model_len: int | None,
     max_num_seqs: int,
     gpu_memory_utilization: float,
     sleep_mode: bool,
@@ -94,6 +94,27 @@ def build_llm(
     if sleep_mode:
         kwargs["enable_sleep_mode"] = True
     return LLM(**kwargs)
+
+
+def prefix_cpu_shared_memory(token: str) -> None:
+    """Prefix the names of the CPU communicator's shared-memory segments with ``token``.
+
+    0.32 names them after the process group only (``VLLM_DIST_IDENT``, taken from the rendezvous
+    address, is ``//`` under ``env://``), so two engines alive at once on one host over the same
+    ranks collide (``create shm in SHMManager failed. errno: 17``): another job's, or another
+    engine of this job still held by a worker. Every rank of an engine passes the same token.
+    A POSIX shared-memory name has no slash after its first character: the ``//`` goes.
+    """
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    shm: Any = cpu_communicator._CPUSHMDistributed  # patched, so typed loosely
+    original = getattr(shm, "_lrft_make_group_name", shm.make_group_name)
+    shm._lrft_make_group_name = original
+
+    def make_group_name(communicator: Any) -> str:
+        return f"lrft{token}{original(communicator).replace('/', '')}"
+
+    shm.make_group_name = staticmethod(make_group_name)
 
 
 def launcher_environment(rank: int, world_size: int, local_rank: int) -> None:
@@ -206,8 +227,15 @@ def describe_parameters(worker: Any) -> list[dict[str, Any]]:
     model = worker.model_runner.model
     packed: dict[str, list[str]] = dict(getattr(model, "packed_modules_mapping", {}) or {})
     described = []
+    seen: set[int] = set()
     for module_name, module in model.named_modules():
         for param_name, param in module.named_parameters(recurse=False):
+            if id(param) in seen:
+                # tied embeddings: 0.32's ParallelLMHead.tie_weights makes lm_head share the
+                # embedding's Parameter, and the model's load_weights skips lm_head.*; the
+                # weight is described (and loaded) once, under the embedding's name
+                continue
+            seen.add(id(param))
             kind = type(module).__name__
             entry: dict[str, Any] = {
                 "module": module_name,

@@ -4,7 +4,9 @@ Every rank of a ``RolloutLayout`` builds its engine at the same time (a collecti
 default process group). The ranks of one TP group form one vLLM engine; the TP groups are vLLM's
 data-parallel ranks (``data_parallel_size = world_size / tp_size``), which is how vLLM 0.32 runs
 a dense model once per TP group under torchrun. ``generate`` gathers the TP group's requests,
-generates them once and hands each rank its own results.
+generates them once and hands each rank its own results. With more than one TP group, vLLM steps
+the groups' engines in lockstep, so ``generate`` is then collective over every rank of the world
+(each calls it equally often, with or without requests).
 
 Weights: an update ships Hugging Face tensors to vLLM's own in-place reload
 (``worker.reload_weights``), one call per loaded batch. vLLM loads a module (q/k/v fused into
@@ -23,6 +25,7 @@ adapter declares ``sleep_frees_memory=False`` and only the state machine applies
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -49,8 +52,15 @@ from lrft.api.types import (
 )
 from lrft.backends.rollout import _vllm_compat as compat
 from lrft.backends.rollout._lifecycle import EngineLifecycle, validate_batch
-from lrft.dist.collectives import all_gather_objects
+from lrft.dist.collectives import all_gather_objects, broadcast_object
 from lrft.dist.layout import RolloutLayout
+
+
+def _optional_positive(
+    instance: object, attribute: attrs.Attribute[Any], value: int | None
+) -> None:
+    if value is not None:
+        v.positive(instance, attribute, value)
 
 
 @attrs.frozen(kw_only=True)
@@ -59,17 +69,21 @@ class VLLMEngineConfig:
 
     dtype: the dtype vLLM stores and computes in; ``None`` keeps the checkpoint's.
     tp_size: ranks per engine (one TP group of ``RolloutLayout(world_size, tp_size)``).
-    max_model_len: longest prompt + completion; bounds the KV cache per sequence.
+    max_model_len: longest prompt + completion; bounds the KV cache per sequence. ``None``: the
+        model's own maximum (``max_position_embeddings``).
     max_num_seqs: sequences vLLM schedules at once.
-    gpu_memory_utilization: fraction of the GPU vLLM may use (weights + KV cache), CUDA only.
+    gpu_memory_utilization: on CUDA, the fraction of the GPU vLLM may use (weights, activations,
+        KV cache). On CPU vLLM 0.32 reads it as the fraction of the host's (NUMA node's) memory
+        this process may grow to; the KV cache gets that minus what the process already holds.
+        ``VLLM_CPU_KVCACHE_SPACE`` (GiB), when set, sizes the CPU KV cache instead.
     seed: vLLM's engine seed (requests without a seed sample from it).
     """
 
     dtype: torch.dtype | None = None
     tp_size: int = attrs.field(default=1, validator=v.positive)
-    max_model_len: int = attrs.field(default=512, validator=v.positive)
+    max_model_len: int | None = attrs.field(default=512, validator=_optional_positive)
     max_num_seqs: int = attrs.field(default=64, validator=v.positive)
-    gpu_memory_utilization: float = 0.5
+    gpu_memory_utilization: float = attrs.field(default=0.5, validator=v.unit_interval_open_closed)
     seed: int = 0
 
 
@@ -98,11 +112,17 @@ class VLLMRolloutEngine:
         if dist.is_initialized():
             world, rank = dist.get_world_size(), dist.get_rank()
         layout = RolloutLayout(world_size=world, tp_size=self.config.tp_size)
+        self._dp_size = layout.dp_size
         if world > 1:
             self._tp_group = layout.build_groups().tp_group
         self._device = _device_of(rank)
         compat.launcher_environment(rank, world, self._device.index or 0)
         on_cuda = self._device.type == "cuda"
+        if not on_cuda:
+            token = secrets.token_hex(4)
+            if world > 1:
+                token = broadcast_object(token if rank == 0 else None, src=0)
+            compat.prefix_cpu_shared_memory(token)
         self._llm: Any = compat.build_llm(
             Path(model_dir),
             dtype=self.config.dtype,
@@ -213,7 +233,14 @@ class VLLMRolloutEngine:
                     owners.append(batch_index)
         seeded = any(params.seed is not None for _, params in batches)
         with _caller_rng_kept(seeded, self._device):
-            outputs = self._llm.generate(prompts, sampling, use_tqdm=False) if prompts else []
+            # 0.32's external-launcher data parallelism steps the TP groups' engines in lockstep
+            # (an idle one runs dummy batches until every group is done), so with more than one
+            # group each engine takes part even with nothing to generate.
+            outputs = (
+                self._llm.generate(prompts, sampling, use_tqdm=False)
+                if prompts or self._dp_size > 1
+                else []
+            )
         completions: list[list[Any]] = [[] for _ in batches]
         for owner, output in zip(owners, outputs, strict=True):
             completions[owner].extend(sorted(output.outputs, key=lambda c: c.index))
