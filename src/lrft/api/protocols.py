@@ -47,7 +47,8 @@ class WeightSource(Protocol):
         (each gets the same full tensors). A bucket holds tensors totalling at most
         ``bucket_bytes``, except that a single tensor larger than the bound travels alone. Tensors
         are packed in order, so no bucket could have taken the next bucket's first tensor. A
-        yielded tensor is valid until the next bucket is requested: copy what you keep. Only the
+        yielded tensor is valid until the next bucket is requested: copy what you keep, and never
+        write to it (it may be the parameter itself, on a single rank). Only the
         current bucket is materialised, never the whole model. Tied parameters appear once, under
         the name ``named_parameters()`` gives them.
         """
@@ -181,7 +182,10 @@ class RolloutEngine(Protocol):
     One engine per rank. An engine with tensor parallelism spans one TP group of a
     ``RolloutLayout``: then ``generate``, ``sleep``, ``wake``, ``load_weights`` and
     ``weight_update`` are collective over that TP group, every rank passing its own requests to
-    ``generate`` and the same weights to the loads. With TP 1 nothing is collective.
+    ``generate`` and the same weights to the loads. With TP 1 nothing is collective, unless the
+    engine says otherwise: an engine whose TP groups step together (vLLM's data parallelism)
+    makes ``generate`` collective over all of them, so every rank calls it equally often, with or
+    without requests.
 
     Memory states (``state``):
 

@@ -4,7 +4,9 @@ This is the colocated path: every rank gathers the full weights from its trainin
 (``full_weights``, collective) and loads them into its own engine, bucket by bucket, so the
 largest transient allocation is one bucket, not the model. Each bucket is one call into the
 engine (never one call per parameter). Verification compares the engine's digest of what it
-stores with the digest of what was sent, after the cast to the engine's dtype.
+stores with the digest of what was sent, after the cast to the engine's dtype; the sent
+digests are computed on the device as the buckets pass and read back once, after the last
+bucket, so the stream makes no host round trip per tensor or per bucket.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import attrs
 import torch
 
 from lrft.api.capabilities import SyncCapabilities
-from lrft.api.digest import combine_digests, tensor_digest
+from lrft.api.digest import PendingDigests, combine_digests
 from lrft.api.errors import WeightSyncError
 from lrft.api.protocols import RolloutEngine, WeightLoader, WeightSource
 from lrft.api.types import EnginePart, SyncReport, TensorSpec, WeightsResidency
@@ -62,11 +64,13 @@ class DirectSync:
         if engine.state.weights is not WeightsResidency.RESIDENT:
             engine.wake([EnginePart.WEIGHTS])
         stream = _Stream(specs=specs, name_map=self.name_map, verify=self.verify)
+        sent: dict[str, str] = {}
         with engine.weight_update(version) as load:
             stream.run(source.full_weights(self.bucket_bytes), load)
             stream.check_complete()
             if self.verify:
-                _verify(stream.sent_digests, engine.weights_digest())
+                sent = stream.sent_digests.resolve()
+                _verify(sent, engine.weights_digest())
         return SyncReport(
             version=version,
             tensors=len(stream.sent_bytes),
@@ -74,7 +78,7 @@ class DirectSync:
             buckets=stream.buckets,
             seconds=time.perf_counter() - start,
             verified=self.verify,
-            digest=combine_digests(stream.sent_digests) if self.verify else "",
+            digest=combine_digests(sent) if self.verify else "",
         )
 
 
@@ -84,7 +88,9 @@ class _Stream:
     name_map: Callable[[str], str]
     verify: bool
     sent_bytes: dict[str, int] = attrs.field(factory=dict)
-    sent_digests: dict[str, str] = attrs.field(factory=dict)
+    # Queued on the device bucket by bucket and read back once at the end: a host sync per
+    # tensor (or per bucket) would stall the stream of gathers and copies.
+    sent_digests: PendingDigests = attrs.field(factory=PendingDigests)
     buckets: int = 0
 
     def run(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], load: WeightLoader) -> None:
@@ -122,7 +128,7 @@ class _Stream:
             cast = tensor.detach().to(dtype=spec.dtype)
             self.sent_bytes[name] = cast.numel() * cast.element_size()
             if self.verify:
-                self.sent_digests[name] = tensor_digest(cast)
+                self.sent_digests.add(name, cast)
             prepared.append((name, cast))
         return prepared
 

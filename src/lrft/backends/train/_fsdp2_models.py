@@ -8,12 +8,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 from torch.optim.lr_scheduler import LambdaLR
 
 from lrft.api.errors import CapabilityNotSupported, LrftError
 from lrft.api.types import Location, ModelPart, Placement, StepReport
 from lrft.backends.train import _fsdp2_checkpoint as checkpoint
+from lrft.dist.collectives import all_gather_into
 
 NAME = "fsdp2"
 
@@ -40,6 +41,74 @@ def _full_tensor(param: torch.Tensor, device: torch.device) -> torch.Tensor:
         assert isinstance(moved, DTensor)
         param = moved
     return param.full_tensor()
+
+
+def _row_sharded(param: torch.Tensor) -> bool:
+    """FSDP2's layout: dim 0 split over a 1-D mesh, ``torch.chunk`` style (the last ranks may
+    hold fewer rows, or none)."""
+    return (
+        isinstance(param, DTensor)
+        and param.device_mesh.ndim == 1
+        and tuple(param.placements) == (Shard(0),)
+        and param.dim() > 0
+    )
+
+
+@torch.no_grad()
+def gather_full(
+    named: list[tuple[str, torch.Tensor]], device: torch.device
+) -> list[tuple[str, torch.Tensor]]:
+    """The full tensors of ``named`` (same order), gathered with one collective per mesh and
+    dtype instead of one per tensor. Collective over the parameters' meshes.
+
+    On a 1-rank mesh the local shard is the whole tensor: it is returned as it is, with no
+    collective and no copy.
+    """
+    full: list[torch.Tensor | None] = [None] * len(named)
+    batches: dict[tuple[int, torch.dtype], list[int]] = {}
+    for index, (_, param) in enumerate(named):
+        if _row_sharded(param):
+            assert isinstance(param, DTensor)
+            batches.setdefault((id(param.device_mesh), param.dtype), []).append(index)
+        else:
+            full[index] = _full_tensor(param, device)
+    for indices in batches.values():
+        gathered = _gather_rows([named[i][1] for i in indices], device)
+        for index, tensor in zip(indices, gathered, strict=True):
+            full[index] = tensor
+    return [
+        (name, tensor) for (name, _), tensor in zip(named, full, strict=True) if tensor is not None
+    ]
+
+
+def _gather_rows(params: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """One ``all_gather_into_tensor`` of every row-sharded parameter in ``params`` (one mesh,
+    one dtype): each rank's shard is padded to ``ceil(rows / world)`` rows in one flat buffer."""
+    first = params[0]
+    assert isinstance(first, DTensor)
+    mesh = first.device_mesh
+    world = mesh.size()
+    shards = [p.to_local() if isinstance(p, DTensor) else p for p in params]
+    if world == 1:
+        return [shard.detach().to(device) for shard in shards]
+    rows = [-(-p.shape[0] // world) for p in params]
+    widths = [r * math.prod(p.shape[1:]) for r, p in zip(rows, params, strict=True)]
+    send = torch.zeros(sum(widths), dtype=first.dtype, device=device)
+    offset = 0
+    for shard, width in zip(shards, widths, strict=True):
+        send[offset : offset + shard.numel()].copy_(shard.reshape(-1))
+        offset += width
+    received = torch.empty(world * send.numel(), dtype=first.dtype, device=device)
+    all_gather_into(received, send, group=mesh.get_group())
+    by_rank = received.view(world, send.numel())
+    out = []
+    offset = 0
+    for param, r, width in zip(params, rows, widths, strict=True):
+        # rank-major blocks of this parameter, made contiguous (a copy), padding rows cut off
+        block = by_rank[:, offset : offset + width].reshape(world * r, *param.shape[1:])
+        out.append(block[: param.shape[0]])
+        offset += width
+    return out
 
 
 class FSDP2FrozenModel:
@@ -88,15 +157,15 @@ class FSDP2FrozenModel:
         size = 0
         for name, param in self._module.named_parameters():
             # The size is known from the global shape before gathering, so the previous bucket
-            # is handed out (and can be released) before the next tensor is materialised.
+            # is handed out (and can be released) before the next one is materialised.
             nbytes = param.numel() * param.element_size()
             if bucket and size + nbytes > bucket_bytes:
-                yield bucket
+                yield gather_full(bucket, self._device)
                 bucket, size = [], 0
-            bucket.append((hf_name(name), _full_tensor(param, self._device)))
+            bucket.append((hf_name(name), param))
             size += nbytes
         if bucket:
-            yield bucket
+            yield gather_full(bucket, self._device)
 
     def offload(self, parts: Collection[ModelPart]) -> None:
         checked = self._checked(parts)

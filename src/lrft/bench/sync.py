@@ -1,0 +1,159 @@
+"""The weight-sync and engine-memory parts: ``direct`` sync from an ``fsdp2`` actor into the
+``hf`` engine, and the engine's sleep levels, against this run's copy ceilings.
+
+Sync bandwidth counts the bytes the engine ends up holding (its dtype), once: the ceiling it is
+compared with is one device-to-device copy of as many bytes, the least any sync must do; with
+several ranks, also an all-gather of that many bytes (what gathering full weights from shards
+needs). Waking from level 1 moves the parked weights back from pinned host memory, so it is
+compared with a pinned host-to-device copy of the engine's bytes.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from lrft.api.optim import OptimizerConfig
+from lrft.api.protocols import RolloutEngine
+from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
+from lrft.backends.sync.direct import DirectSync
+from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
+from lrft.bench.assets import random_model
+from lrft.bench.ceilings import (
+    all_gather_bus_gbps,
+    compute_dtype,
+    device_copy_gbps,
+    host_to_device_gbps,
+    synchronize,
+)
+from lrft.bench.workloads import Workload
+from lrft.dist import RankInfo, init_distributed
+
+
+def _engine(workload: Workload, device: torch.device) -> HFRolloutEngine:
+    model = random_model(workload.model, device)
+    config = HFEngineConfig(dtype=compute_dtype(device), device=device)
+    return HFRolloutEngine(model, config=config)
+
+
+def engine_bytes(engine: RolloutEngine) -> int:
+    return sum(
+        int(torch.Size(spec.shape).numel()) * torch.empty((), dtype=spec.dtype).element_size()
+        for spec in engine.parameter_specs().values()
+    )
+
+
+def _timed(fn: Any, device: torch.device) -> float:
+    synchronize(device)
+    began = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - began
+
+
+def run_sync(workload: Workload) -> dict[str, Any]:
+    """Warm-up sync, then ``repeats`` verified and unverified syncs. Collective."""
+    spec = workload.sync
+    assert spec is not None
+    info = init_distributed(RankInfo.from_env())
+    backend = FSDP2Backend(FSDP2Config())
+    device = backend.device
+    actor = backend.prepare_trainable(
+        random_model(workload.model, device), optimizer=OptimizerConfig(lr=1e-6)
+    )
+    engine = _engine(workload, device)
+    verified = DirectSync()
+    unverified = DirectSync(verify=False)
+    version = 1
+    report = verified.sync(actor, engine, version=version)  # warm-up
+    seconds: dict[str, list[float]] = {"verified": [], "unverified": [], "gather_only": []}
+    for _ in range(spec.repeats):
+        version += 1
+        seconds["verified"].append(
+            _timed(lambda v=version: verified.sync(actor, engine, version=v), device)
+        )
+        version += 1
+        seconds["unverified"].append(
+            _timed(lambda v=version: unverified.sync(actor, engine, version=v), device)
+        )
+        seconds["gather_only"].append(
+            _timed(lambda: _drain(actor.full_weights(verified.bucket_bytes)), device)
+        )
+    nbytes = engine_bytes(engine)
+    copy = device_copy_gbps(device, nbytes)
+    gather = all_gather_bus_gbps(device, nbytes)
+    median = {name: statistics.median(values) for name, values in seconds.items()}
+    gbps = {name: nbytes / value / 1e9 for name, value in median.items()}
+    engine.shutdown()
+    return {
+        "engine_dtype": str(compute_dtype(device)).removeprefix("torch."),
+        "tensors": report.tensors,
+        "bytes": nbytes,
+        "buckets": report.buckets,
+        "bucket_bytes": verified.bucket_bytes,
+        "seconds_median": median,
+        "seconds": seconds,
+        "GBps": gbps,
+        "device_copy_GBps": copy,
+        "fraction_of_device_copy": {name: value / copy for name, value in gbps.items()},
+        "all_gather_bus_GBps": gather,
+        "world_size": info.world_size,
+    }
+
+
+def _drain(buckets: Any) -> None:
+    for _ in buckets:
+        pass
+
+
+def run_sleep(workload: Workload) -> dict[str, Any]:
+    """Sleep/wake cycles at levels 1 and 2, with the device memory each frees. Needs no group."""
+    spec = workload.sleep
+    assert spec is not None
+    info = RankInfo.from_env()
+    device = info.device
+    engine = _engine(workload, device)
+    nbytes = engine_bytes(engine)
+    results: dict[str, Any] = {
+        "bytes": nbytes,
+        "frees_memory": engine.capabilities.sleep_frees_memory,
+    }
+    for level in (1, 2):
+        cycle(engine, level, device)  # warm-up (pinned buffers, allocator)
+        runs = [cycle(engine, level, device) for _ in range(spec.repeats)]
+        results[f"level{level}"] = {
+            "sleep_seconds_median": statistics.median(r["sleep_seconds"] for r in runs),
+            "wake_seconds_median": statistics.median(r["wake_seconds"] for r in runs),
+            "freed_bytes": min(r["freed_bytes"] for r in runs),
+            "runs": runs,
+        }
+    wake1 = results["level1"]["wake_seconds_median"]
+    h2d = host_to_device_gbps(device, nbytes)
+    results["level1"]["wake_GBps"] = nbytes / wake1 / 1e9 if wake1 > 0 else None
+    results["host_to_device_pinned_GBps"] = h2d
+    results["level1"]["fraction_of_host_to_device"] = (
+        None if h2d is None or wake1 <= 0 else nbytes / wake1 / 1e9 / h2d
+    )
+    engine.shutdown()
+    return results
+
+
+def _allocated(device: torch.device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
+def cycle(engine: HFRolloutEngine, level: int, device: torch.device) -> dict[str, float]:
+    """One sleep at ``level`` and the wake after it; at level 2 the engine is stale afterwards
+    (weights allocated, contents undefined) until a sync, which the sync part measures."""
+    before = _allocated(device)
+    sleep = _timed(lambda: engine.sleep(level), device)
+    asleep = _allocated(device)
+    wake = _timed(engine.wake, device)
+    return {
+        "sleep_seconds": sleep,
+        "wake_seconds": wake,
+        "freed_bytes": float(before - asleep),
+    }

@@ -1,0 +1,67 @@
+"""FSDP2 full weights gathered one collective per bucket equal the unsharded tensors, including
+dimensions that do not divide by the world size and ranks whose shard is empty."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from lrft.backends.train._fsdp2_models import gather_full
+from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
+
+
+class _Uneven(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(3, 5)  # 5 rows over 2 ranks: 3 and 2
+        self.second = torch.nn.Linear(5, 1)  # 1 row: rank 1 holds none
+        self.table = torch.nn.Parameter(torch.randn(7, 2, 3))  # 3-D, 4 and 3 rows
+        self.low = torch.nn.Parameter(torch.randn(3, 4).to(torch.bfloat16))  # another dtype
+
+
+def _gathered_equal_unsharded(bucket_bytes: int) -> tuple[bool, int, list[str]]:
+    from lrft.backends.train.fsdp2 import FSDP2Backend
+
+    current_rank_context()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = _Uneven()
+    expected = {name: p.detach().clone() for name, p in model.named_parameters()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no decoder layers: one FSDP2 unit, as intended here
+        frozen = FSDP2Backend().prepare_frozen(model)
+    names: list[str] = []
+    equal = True
+    buckets = 0
+    for bucket in frozen.full_weights(bucket_bytes):
+        buckets += 1
+        for name, tensor in bucket:
+            names.append(name)
+            reference = expected[name]
+            equal &= tensor.dtype == reference.dtype and torch.equal(tensor, reference)
+    # the same through gather_full directly, all parameters in one call
+    direct = gather_full(list(frozen.module.named_parameters()), torch.device("cpu"))
+    equal &= all(torch.equal(tensor, expected[name]) for name, tensor in direct)
+    return equal, buckets, names
+
+
+class TestGatherWorld2(DistributedSuite):
+    world_size = 2
+
+    @pytest.mark.parametrize(("bucket_bytes", "buckets"), [(1 << 20, 1), (64, 4)])
+    def test_buckets_hold_the_unsharded_tensors(
+        self, pool: RankPool, bucket_bytes: int, buckets: int
+    ) -> None:
+        for equal, count, names in pool.run(_gathered_equal_unsharded, bucket_bytes):
+            assert equal
+            assert count == buckets
+            assert names == [
+                "table",
+                "low",
+                "first.weight",
+                "first.bias",
+                "second.weight",
+                "second.bias",
+            ]
