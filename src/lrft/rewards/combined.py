@@ -36,9 +36,10 @@ class CombinedReward:
             "format": [Weighted(reward=fmt)],
         })
 
-    Each distinct reward is called once per batch, on the samples whose label routes to it, and
-    through :func:`compute_rewards`, so a failure names the part and the sample's index in the
-    whole batch. A label with no route raises :class:`RewardError` naming it and the known
+    Each distinct reward is called once per batch, on the samples whose label routes to it (an
+    empty list when none does: a reward whose forward is collective across ranks runs on every
+    rank alike), and through :func:`compute_rewards`, so a failure names the part and the
+    sample's index in the whole batch. A label with no route raises :class:`RewardError` naming it and the known
     labels, before any reward runs. Metrics: ``<part>`` is the part's unweighted score and
     ``<part>/<metric>`` its metrics, NaN for samples the part did not score.
     """
@@ -83,10 +84,13 @@ class CombinedReward:
         # Which samples each distinct reward scores (a reward shared by labels runs once).
         parts: dict[int, RewardFn] = {}
         members: dict[int, list[int]] = {}
+        for label in self.labels:
+            for part in self.routes[label]:
+                parts.setdefault(id(part.reward), part.reward)
+                members.setdefault(id(part.reward), [])
         for index, sample in enumerate(samples):
             for part in self.routes[sample.label]:
-                parts.setdefault(id(part.reward), part.reward)
-                members.setdefault(id(part.reward), []).append(index)
+                members[id(part.reward)].append(index)
 
         totals = [0.0] * len(samples)
         metrics: dict[str, list[float]] = {}

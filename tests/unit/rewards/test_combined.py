@@ -158,3 +158,18 @@ def test_combined_score_is_the_weighted_sum_of_its_parts(
         w[0] * (i + 1) + w[1] * i if label == "p" else w[2] * i for i, label in enumerate(labels)
     ]
     assert compute_rewards(reward, batch).scores == pytest.approx(expected)
+
+
+def test_a_part_no_sample_routes_to_is_still_called_with_an_empty_batch() -> None:
+    # a reward model's forward is collective across ranks: a rank whose samples carry other
+    # labels (or none at all) must call it too
+    math_part, chat_part = Counting("math_part"), Counting("chat_part")
+    reward = CombinedReward(
+        routes={"math": [Weighted(reward=math_part)], "chat": [Weighted(reward=chat_part)]}
+    )
+    output = compute_rewards(reward, [sample("math", "abc")])
+    assert output.scores == (3.0,)
+    assert math_part.batches == [["abc"]]
+    assert chat_part.batches == [[]]
+    assert compute_rewards(reward, []).scores == ()
+    assert math_part.batches[-1] == chat_part.batches[-1] == []

@@ -1,0 +1,235 @@
+"""The reward a :class:`TrainConfig` asks for: rule functions, reward models, reward services.
+
+``reward_fn``, each ``reward_pretrain`` folder and each ``remote_rm_url`` is one reward; with
+more than one (or a weight other than 1) they are summed with ``reward_weights`` by a
+:class:`~lrft.rewards.CombinedReward` whose routes cover every label of the data, so every
+reward scores every sample and the metrics keep each part's own score (``reward/<name>``).
+
+Reward models are wrapped by the train backend like the reference model (sharded, and with
+``enable_engine_sleep`` their parameters stay on the host outside the reward phase, reloaded
+one model at a time while it scores). A sharded model's forward is collective, so
+:class:`ColocatedRewardModel` pads every rank's batch to the largest one before scoring.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import attrs
+import torch
+import torch.distributed as dist
+
+from lrft.api.errors import ConfigError
+from lrft.api.protocols import FrozenModel, TrainBackend
+from lrft.api.types import ModelPart
+from lrft.data import PromptDataset
+from lrft.rewards import (
+    CombinedReward,
+    MathVerifyReward,
+    PerSampleReward,
+    RewardError,
+    RewardFn,
+    RewardOutput,
+    RewardSample,
+    SequenceClassifierReward,
+    Weighted,
+)
+from lrft.trainer.config import TrainConfig
+
+REWARDS_EXTRA = "pip install 'lrft[rewards]'"
+
+
+def load_reward(spec: str, reference_key: str | None) -> RewardFn:
+    """``math`` or ``module:function``: a function scoring one ``RewardSample``, or a
+    ``RewardFn`` object (anything with ``name`` and a batch ``__call__``)."""
+    if spec == "math":
+        if reference_key is None:
+            raise ConfigError("--reward_fn math compares with the reference: set --reference_key")
+        return MathVerifyReward()
+    module_name, _, attribute = spec.partition(":")
+    try:
+        target = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as error:
+        raise ConfigError(f"--reward_fn {spec!r} cannot be imported: {error}") from error
+    if isinstance(target, RewardFn):
+        return target
+    if callable(target):
+        return PerSampleReward(name=attribute, score=target)
+    raise ConfigError(f"--reward_fn {spec!r} is neither a function nor a RewardFn")
+
+
+def check_reward_settings(config: TrainConfig) -> None:
+    """What can be checked of the reward models and services before any process group starts:
+    each ``reward_pretrain`` is a sequence-classification folder with one label, and httpx is
+    installed for ``remote_rm_url``. Raises ``ConfigError`` naming the path or the package."""
+    for path in config.reward_pretrain:
+        config_file = Path(path) / "config.json"
+        if not config_file.is_file():
+            raise ConfigError(f"reward_pretrain {path!r} is not a model folder (no config.json)")
+        model_config = json.loads(config_file.read_text(encoding="utf-8"))
+        labels = _num_labels(model_config)
+        if labels != 1:
+            raise ConfigError(
+                f"reward_pretrain {path!r} has {labels} labels; a reward model has one "
+                "(a sequence-classification head with num_labels=1, whose logit is the score)"
+            )
+    if config.remote_rm_url and importlib.util.find_spec("httpx") is None:
+        raise ConfigError(f"remote_rm_url needs the httpx package: {REWARDS_EXTRA}")
+
+
+def _num_labels(model_config: dict[str, object]) -> int:
+    # transformers writes id2label (num_labels is derived from it); older configs num_labels.
+    id2label = model_config.get("id2label")
+    if isinstance(id2label, dict):
+        return len(id2label)
+    value = model_config.get("num_labels", 2)  # transformers' default for a bare config
+    return int(value) if isinstance(value, int) else 2
+
+
+def _max_over_ranks(count: int, device: torch.device) -> int:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return count
+    tensor = torch.tensor([count], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+_FILLER = RewardSample(prompt="0", response="0")
+"""Scored, then dropped, on a rank with no samples while others have some."""
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class ColocatedRewardModel:
+    """A reward model's reward whose model is wrapped by a train backend.
+
+    Every rank calls it the same number of times (the trainer scores on every rank each
+    iteration and evaluation). Collective: the ranks agree on the largest batch, and each scores
+    its own samples padded to that size with copies of its last one (or a filler), then drops
+    the padding; so each rank runs the same number of micro-batch forwards, which a sharded
+    model needs. With ``offload``, the parameters are reloaded for the call and offloaded after.
+    """
+
+    reward: SequenceClassifierReward
+    model: FrozenModel
+    device: torch.device
+    offload: bool
+
+    @property
+    def name(self) -> str:
+        return self.reward.name
+
+    def __call__(self, samples: Sequence[RewardSample]) -> RewardOutput:
+        count = len(samples)
+        try:
+            target = _max_over_ranks(count, self.device)
+        except Exception as error:
+            # A RewardError: compute_rewards must not retry sample by sample, a collective alone.
+            raise RewardError(
+                reward=self.name,
+                detail=f"agreeing on the batch size raised {type(error).__name__}: {error}",
+            ) from error
+        if target == 0:
+            return RewardOutput(scores=[])
+        padded = list(samples) + [samples[-1] if samples else _FILLER] * (target - count)
+        if self.offload:
+            self.model.reload([ModelPart.PARAMETERS])
+        try:
+            output = self.reward(padded)
+        finally:
+            if self.offload:
+                self.model.offload([ModelPart.PARAMETERS])
+        return RewardOutput(
+            scores=output.scores[:count],
+            metrics={name: values[:count] for name, values in output.metrics.items()},
+        )
+
+
+def load_reward_model(
+    path: str, *, name: str, backend: TrainBackend, config: TrainConfig
+) -> ColocatedRewardModel:
+    """The reward model in folder ``path``, wrapped by ``backend``. Collective."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+    if model.config.pad_token_id is None:
+        # Micro-batches are right-padded; the head reads the last token that is not padding.
+        pad = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
+        if pad is None:
+            raise ConfigError(
+                f"reward_pretrain {path!r}: neither the model config nor the tokenizer has a "
+                "pad or end-of-sequence token to pad micro-batches with"
+            )
+        model.config.pad_token_id = int(pad)
+    frozen = backend.prepare_frozen(model)
+    offload = config.enable_engine_sleep and ModelPart.PARAMETERS in backend.capabilities.offload
+    if offload:
+        frozen.offload([ModelPart.PARAMETERS])
+    reward = SequenceClassifierReward(
+        model=frozen,
+        tokenizer=tokenizer,
+        micro_batch_size=config.micro_rollout_batch_size,
+        name=name,
+    )
+    return ColocatedRewardModel(reward=reward, model=frozen, device=backend.device, offload=offload)
+
+
+def data_labels(datasets: Iterable[PromptDataset | None]) -> set[str]:
+    """Every label the rewards will see, as :class:`~lrft.rewards.RewardSample` spells it."""
+    return {
+        "" if sample.label is None else str(sample.label)
+        for dataset in datasets
+        if dataset is not None
+        for sample in dataset
+    }
+
+
+def _names(kind: str, count: int) -> list[str]:
+    return [kind] if count == 1 else [f"{kind}_{index}" for index in range(count)]
+
+
+def build_reward(config: TrainConfig, backend: TrainBackend, labels: Iterable[str]) -> RewardFn:
+    """The configured reward (see the module docstring). Collective when it loads reward
+    models (every rank wraps them in the same order)."""
+    rewards: list[RewardFn] = []
+    if config.reward_fn is not None:
+        rewards.append(load_reward(config.reward_fn, config.reference_key))
+    for path, name in zip(
+        config.reward_pretrain,
+        _names("reward_model", len(config.reward_pretrain)),
+        strict=True,
+    ):
+        rewards.append(load_reward_model(path, name=name, backend=backend, config=config))
+    if config.remote_rm_url:
+        from lrft.rewards.remote import RemoteReward
+
+        for url, name in zip(
+            config.remote_rm_url, _names("remote", len(config.remote_rm_url)), strict=True
+        ):
+            rewards.append(
+                RemoteReward(
+                    url=url,
+                    timeout_s=config.remote_rm_timeout_s,
+                    max_attempts=config.remote_rm_max_attempts,
+                    name=name,
+                )
+            )
+    if not rewards:
+        raise ConfigError("no reward: give reward_fn, reward_pretrain or remote_rm_url")
+    weights = config.reward_weights or (1.0,) * len(rewards)
+    if len(rewards) == 1 and weights == (1.0,):
+        return rewards[0]
+    parts = tuple(
+        Weighted(reward=reward, weight=weight)
+        for reward, weight in zip(rewards, weights, strict=True)
+    )
+    try:
+        return CombinedReward(routes=dict.fromkeys(sorted(labels) or [""], parts))
+    except ValueError as error:  # two rewards under one name: their metrics would mix
+        raise ConfigError(f"the rewards cannot be combined: {error}") from error
