@@ -1,0 +1,187 @@
+"""The PPO critic: a causal-LM backbone with a scalar value head, its values and its update.
+
+The critic is a plain transformers token-classification model with one label
+(``AutoModelForTokenClassification``: the backbone under ``model.``, a ``Linear(hidden, 1)`` head
+named ``score``), so any ``TrainBackend`` wraps, shards, offloads and checkpoints it exactly as it
+does the actor, and its state dict is a Hugging Face one. It starts from a causal LM folder
+(the backbone's weights; the head is new) or from a saved critic (both).
+
+Values are response-aligned like logprobs: ``values[i, t]`` is the critic's estimate of the state
+*before* response token ``t`` (everything up to position ``prompt_length + t - 1``), the state in
+which the policy chose that token.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+from torch import Tensor
+from transformers import AutoConfig, AutoModelForTokenClassification, PreTrainedModel
+
+from lrft.algo import clipped_value_loss
+from lrft.algo._tensor import masked_mean
+from lrft.api.errors import ConfigError
+from lrft.api.protocols import FrozenModel, TrainableModel
+from lrft.trainer.experience import Sequences
+from lrft.trainer.replay import ReplayBuffer
+
+VALUE_HEAD = "score"
+"""The value head's module name (transformers' token-classification heads use it)."""
+
+
+def init_value_head(head: torch.nn.Linear, seed: int) -> None:
+    """Deterministic small weights and a zero bias: the same on every rank whatever the global RNG
+    did before, and values near 0 at the start with a gradient that reaches the backbone."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        weight = torch.randn(head.weight.shape, generator=generator, dtype=torch.float64)
+        head.weight.copy_(weight / (head.in_features + 1))
+        if head.bias is not None:
+            head.bias.zero_()
+
+
+def load_critic(
+    path: str | Path, *, seed: int, dtype: torch.dtype = torch.float32
+) -> PreTrainedModel:
+    """The critic for ``path``: a causal LM folder (new value head) or a saved critic.
+
+    Raises ``ConfigError`` when the folder's architecture has no token-classification form in
+    transformers, or when backbone weights are missing from it.
+    """
+    config = AutoConfig.from_pretrained(path)
+    config.num_labels = 1
+    # Dropout on the values would make the critic's outputs differ between the experience pass
+    # and the update, so the clipped value loss would compare two noisy numbers.
+    config.classifier_dropout = 0.0
+    model: PreTrainedModel
+    info: dict[str, Any]
+    try:
+        model, info = AutoModelForTokenClassification.from_pretrained(
+            path, config=config, dtype=dtype, output_loading_info=True
+        )
+    except ValueError as error:
+        raise ConfigError(
+            f"critic_pretrain {str(path)!r}: a {config.model_type!r} model has no "
+            f"token-classification form in transformers to carry the value head ({error})"
+        ) from error
+    head = getattr(model, VALUE_HEAD, None)
+    if not isinstance(head, torch.nn.Linear) or head.out_features != 1:
+        raise ConfigError(
+            f"critic_pretrain {str(path)!r}: {type(model).__name__} has no one-output "
+            f"linear '{VALUE_HEAD}' head"
+        )
+    missing = set(info["missing_keys"])
+    head_names = {f"{VALUE_HEAD}.{name}" for name, _ in head.named_parameters()}
+    backbone_missing = sorted(missing - head_names)
+    if backbone_missing:
+        raise ConfigError(
+            f"critic_pretrain {str(path)!r} lacks backbone weights {backbone_missing[:5]} "
+            f"({len(backbone_missing)} missing)"
+        )
+    if missing & head_names:
+        init_value_head(head, seed)
+    return model
+
+
+def response_values(
+    module: torch.nn.Module, sequences: Sequences, *, device: torch.device
+) -> Tensor:
+    """(B, T) float values of the states before each generated token; 0 where masked.
+
+    Differentiable when grad is enabled. The forward may be collective (FSDP all-gathers): every
+    rank calls it equally often.
+    """
+    with warnings.catch_warnings():
+        # The token-classification head returns its Linear's output, a view; FSDP2 (torch 2.13)
+        # warns that an in-place op on it would skip its backward hook. Nothing here writes to
+        # it in place (gather and masked_fill below make new tensors).
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view")
+        scores: Tensor = module(
+            input_ids=sequences.input_ids.to(device),
+            attention_mask=sequences.attention_mask.to(device),
+        ).logits[..., 0]
+    steps = sequences.action_mask.shape[1]
+    positions = (sequences.prompt_lengths[:, None] - 1 + torch.arange(steps)[None, :]).clamp(
+        max=scores.shape[1] - 1
+    )
+    values = scores.gather(1, positions.to(device)).float()
+    return values.masked_fill(~sequences.action_mask.to(device), 0.0)
+
+
+def critic_values(
+    critic: FrozenModel, sequences: Sequences, *, micro_batch_size: int, device: torch.device
+) -> Tensor:
+    """Micro-batched, gradient-free :func:`response_values` of ``critic``, on the CPU."""
+    parts = []
+    with torch.no_grad():
+        for start in range(0, len(sequences), micro_batch_size):
+            rows = torch.arange(start, min(start + micro_batch_size, len(sequences)))
+            values = response_values(critic.module, sequences.select(rows), device=device).cpu()
+            width = sequences.action_mask.shape[1] - values.shape[1]
+            parts.append(torch.nn.functional.pad(values, (0, width)))
+    return torch.cat(parts)
+
+
+@attrs.frozen(kw_only=True)
+class CriticUpdate:
+    """The critic's epochs: clipped value loss over the same shuffled micro-batches as the policy.
+
+    The buffer hands out the same micro-batches in the same order as it does to the policy phase
+    (its shuffle depends on the step and epoch only), and the critic steps its optimizer after
+    ``accumulation`` of them: one critic optimizer step per policy optimizer step.
+    ``value_clip``: PPO's clip of the new values around the experience pass's (``None``: off).
+    """
+
+    micro_batch_size: int
+    accumulation: int
+    epochs: int
+    value_clip: float | None
+
+    def run(
+        self, critic: TrainableModel, buffer: ReplayBuffer, *, step: int, device: torch.device
+    ) -> dict[str, float]:
+        """Every epoch over ``buffer``; returns averaged ``critic/*`` metrics. Collective."""
+        totals: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        pending = 0
+        critic.module.train()
+        for epoch in range(self.epochs):
+            for batch in buffer.micro_batches(self.micro_batch_size, epoch=step * 1000 + epoch):
+                if batch.values is None or batch.returns is None:
+                    raise ValueError("the critic update needs experience with values and returns")
+                mask = batch.sequences.action_mask.to(device)
+                values = response_values(critic.module, batch.sequences, device=device)
+                output = clipped_value_loss(
+                    values,
+                    batch.values.to(device),
+                    batch.returns.to(device),
+                    mask,
+                    value_clip=self.value_clip,
+                )
+                critic.backward(output.loss / self.accumulation)
+                metrics = {
+                    "value_loss": float(output.loss.detach()),
+                    "value_clip_fraction": float(output.clip_fraction),
+                    "values": float(masked_mean(values.detach(), mask)),
+                }
+                pending += 1
+                if pending == self.accumulation:
+                    report = critic.step()
+                    metrics["grad_norm"] = report.grad_norm
+                    metrics["skipped_steps"] = float(report.skipped)
+                    metrics["lr"] = report.lr
+                    pending = 0
+                for name, value in metrics.items():
+                    totals[name] = totals.get(name, 0.0) + value
+                    counts[name] = counts.get(name, 0) + 1
+        if pending:
+            raise RuntimeError(
+                f"{pending} critic micro-batches were left without an optimizer step: the buffer "
+                "size must be a multiple of micro_batch_size * accumulation"
+            )
+        critic.module.eval()
+        return {f"critic/{name}": total / counts[name] for name, total in totals.items()}
