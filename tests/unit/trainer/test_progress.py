@@ -1,0 +1,122 @@
+"""Rank 0's console: a bar only on a terminal and when asked, one readable line per step
+otherwise; the bar reaches the total, also when a resumed run starts it part-way."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from lrft.trainer.progress import (
+    Console,
+    phase_seconds,
+    step_line,
+    step_summary,
+    use_progress_bar,
+)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _metrics(step: int) -> dict[str, float]:
+    return {
+        "train/reward_mean": step / 10,
+        "train/accuracy": step / 20,
+        "train/response_length": 4.0 + step,
+        "time/generate_s": 0.25 * step,
+        "time/policy_s": 0.5,
+        "time/weight_sync_s": 0.01,
+        "time/step_s": 9.0,
+        "memory/policy_mb": 100.0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("stream", "requested", "expected"),
+    [
+        (Terminal(), True, True),
+        (Terminal(), False, False),
+        (io.StringIO(), True, False),  # a pipe or log file
+        (io.StringIO(), False, False),
+    ],
+)
+def test_the_bar_needs_a_terminal_and_the_setting(
+    stream: io.StringIO, requested: bool, expected: bool
+) -> None:
+    assert use_progress_bar(requested, stream) is expected
+
+
+def test_a_stream_without_isatty_is_no_terminal() -> None:
+    class Bare:
+        def write(self, text: str) -> int:
+            return len(text)
+
+    assert use_progress_bar(True, Bare()) is False  # type: ignore[arg-type]  # duck-typed stream
+
+
+def test_on_a_terminal_the_bar_advances_to_the_total_from_a_resumed_step() -> None:
+    terminal = Terminal()
+    console = Console(enabled=True, progress_bar=True, stream=terminal)
+    console.start(total=5, initial=2)
+    assert console.bar is not None
+    for step in (3, 4, 5):
+        console.step(step, 5, _metrics(step), elapsed=float(step))
+        assert console.bar.n == step
+        assert console.bar.postfix == step_summary(_metrics(step))
+    console.say("eval at step 5: accuracy 0.500")
+    console.close()
+
+    text = terminal.getvalue()
+    assert "5/5" in text
+    assert "\r" in text  # redrawn in place
+    assert "reward 0.500 acc 0.250 generate 1.25s" in text  # step 5's, with its slowest phase
+    assert "eval at step 5: accuracy 0.500\n" in text
+    assert "step 5/5  reward" not in text  # no plain lines while the bar is drawn
+
+
+@pytest.mark.parametrize(
+    "console",
+    [
+        Console(enabled=True, progress_bar=True, stream=io.StringIO()),  # not a terminal
+        Console(enabled=True, progress_bar=False, stream=Terminal()),  # --no-progress_bar
+    ],
+    ids=["pipe", "switched-off"],
+)
+def test_without_a_bar_each_step_is_one_plain_line(console: Console) -> None:
+    console.start(total=3, initial=0)
+    assert console.bar is None
+    for step in (1, 2, 3):
+        console.step(step, 3, _metrics(step), elapsed=2.0 * step)
+    console.say("checkpoint out/global_step3")
+    console.close()
+
+    assert isinstance(console.stream, io.StringIO)
+    lines = console.stream.getvalue().splitlines()
+    assert lines == [step_line(s, 3, _metrics(s), 2.0 * s) for s in (1, 2, 3)] + [
+        "checkpoint out/global_step3"
+    ]
+    assert lines[2] == "step 3/3  reward 0.300  accuracy 0.150  length 7.0  9.0s  elapsed 6s"
+    assert "\r" not in console.stream.getvalue()
+
+
+def test_other_ranks_print_nothing() -> None:
+    terminal = Terminal()
+    console = Console(enabled=False, progress_bar=True, stream=terminal)
+    console.start(total=3, initial=0)
+    console.step(1, 3, _metrics(1), elapsed=1.0)
+    console.say("hello")
+    console.close()
+    assert console.bar is None
+    assert terminal.getvalue() == ""
+
+
+def test_the_summary_names_the_slowest_phase() -> None:
+    assert step_summary(_metrics(1)) == "reward 0.100 acc 0.050 policy 0.50s"
+    assert step_summary(_metrics(4)) == "reward 0.400 acc 0.200 generate 1.00s"
+
+
+def test_phase_seconds_leaves_out_the_whole_step() -> None:
+    assert phase_seconds(_metrics(2)) == {"generate": 0.5, "policy": 0.5, "weight_sync": 0.01}
