@@ -4,16 +4,21 @@ bit-exact, a failing rank stops every rank, the Hugging Face export loads."""
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from transformers import AutoModelForCausalLM
 
 from tests.trainer.fixtures import REWARD_FLAG, base_args, make_model_folder, make_prompt_files
@@ -141,3 +146,83 @@ def test_a_rank_that_raises_stops_every_rank_and_is_named(
     assert "deliberate failure on rank 1" in output
     # rank 0 was waiting in a collective: it fails too (peer gone, or stopped by torchrun)
     # instead of hanging until the timeout.
+
+
+def _train_rows(save: Path) -> list[dict[str, float]]:
+    lines = (save / "metrics.jsonl").read_text().splitlines()
+    return [row for row in map(json.loads, lines) if row["kind"] == "train"]
+
+
+def _critic_state(save: Path, step: int, scratch: Path) -> dict[str, Any]:
+    """The critic's weights and AdamW state in checkpoint ``step``, read from its DCP files."""
+    scratch.parent.mkdir(parents=True, exist_ok=True)
+    dcp_to_torch_save(save / "checkpoints" / f"global_step{step}" / "critic", scratch)
+    state: dict[str, Any] = torch.load(scratch, weights_only=False)
+    return state
+
+
+def _flat(tree: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(tree, dict):
+        flat: dict[str, object] = {}
+        for key, value in tree.items():
+            flat.update(_flat(value, f"{prefix}{key}."))
+        return flat
+    return {prefix: tree}
+
+
+def test_ppo_with_a_critic_logs_value_losses_and_resumes_bit_identically(
+    inputs: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    model, train, held_out = inputs
+    ppo = [
+        "--advantage_estimator=gae",
+        "--critic_learning_rate=1e-3",
+        "--value_clip=0.1",
+        "--lambd=0.9",
+        "--enable_engine_sleep",
+        "--init_kl_coef=0.01",
+        "--save_steps=2",
+    ]
+    straight = tmp_path / "straight"
+    done = _run([*base_args(model, train, held_out, straight), *ppo, "--max_steps=4"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = _train_rows(straight)
+    assert [row["step"] for row in rows] == [1, 2, 3, 4]
+    for row in rows:
+        for name in ("critic/value_loss", "critic/grad_norm", "time/critic_values_s"):
+            assert math.isfinite(row[name]), (name, row)
+        assert row["critic/lr"] == 1e-3
+
+    # a run resumed from the step-2 checkpoint (what a run stopped after it would have left)
+    split = tmp_path / "split"
+    shutil.copytree(
+        straight / "checkpoints" / "global_step2", split / "checkpoints" / "global_step2"
+    )
+    resumed = _run(
+        [*base_args(model, train, held_out, split), *ppo, "--max_steps=4", "--load_checkpoint"]
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "at step 2" in resumed.stdout
+
+    expected, actual = _weights(straight), _weights(split)
+    assert expected.keys() == actual.keys()
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+    critic_expected = _flat(_critic_state(straight, 4, tmp_path / "dcp" / "straight.pt"))
+    critic_actual = _flat(_critic_state(split, 4, tmp_path / "dcp" / "split.pt"))
+    assert critic_expected.keys() == critic_actual.keys()
+    assert any(".exp_avg_sq" in key for key in critic_expected), sorted(critic_expected)[:5]
+    for key, value in critic_expected.items():
+        other = critic_actual[key]
+        if isinstance(value, torch.Tensor):
+            assert isinstance(other, torch.Tensor)
+            assert torch.equal(value, other), key
+        else:
+            assert value == other, key
+    initial = load_file(model / "model.safetensors")
+    moved = critic_expected["model.model.norm.weight."]
+    assert isinstance(moved, torch.Tensor)
+    assert not torch.equal(moved, initial["model.norm.weight"]), "the critic did not train"
+    # the export is the actor alone: no value head in it
+    assert not [name for name in expected if name.startswith("score.")]
+    assert set(expected) <= set(initial)

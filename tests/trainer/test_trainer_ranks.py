@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import torch
 
 from lrft.api.digest import tensor_digest
+from lrft.api.protocols import TrainableModel
+from lrft.api.types import Location
 from lrft.cli import config_from_args
 from lrft.dist import RankInfo
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.trainer import PHASES
 from lrft.trainer.build import build_trainer
+from lrft.trainer.colocation import CRITIC_PHASES
 from lrft.trainer.trainer import RLTrainer
 from tests.trainer.fixtures import base_args, make_model_folder, make_prompt_files
 
@@ -79,6 +84,45 @@ def _evaluation_changes_nothing(root: Path) -> list[str]:
     return order
 
 
+def _ppo_phases_and_critic_placement(root: Path) -> list[str]:
+    trainer = _trainer(
+        root, ["--advantage_estimator=gae", "--enable_engine_sleep", "--init_kl_coef=0.05"]
+    )
+    critic = trainer.critic
+    assert critic is not None
+    colocation = trainer.colocation
+    seen: dict[str, tuple[Location, Location]] = {}
+
+    Phase = Callable[[Callable[[TrainableModel], Any]], Any]
+
+    def watched(phase: str, run: Phase) -> Phase:
+        """``run`` (a critic phase), noting the critic's placement while its body runs."""
+
+        def wrapper(fn: Callable[[TrainableModel], Any]) -> Any:
+            def inner(model: TrainableModel) -> Any:
+                seen[phase] = (critic.placement.parameters, critic.placement.optimizer)
+                return fn(model)
+
+            return run(inner)
+
+        return wrapper
+
+    # spies on the two phases, which otherwise leave no trace of where the critic was
+    colocation.critic_pass = watched("values", colocation.critic_pass)  # type: ignore[method-assign, assignment]
+    colocation.critic_update = watched("update", colocation.critic_update)  # type: ignore[method-assign, assignment]
+    colocation.sync(version=0)
+    metrics = trainer.train_step()
+    # with the engine asleep the critic lives on the host, but for what each of its phases needs
+    assert seen == {
+        "values": (Location.DEVICE, Location.HOST),
+        "update": (Location.DEVICE, Location.DEVICE),
+    }
+    assert (critic.placement.parameters, critic.placement.optimizer) == (Location.HOST,) * 2
+    for name in ("critic/value_loss", "critic/grad_norm", "time/critic_values_s", "time/critic_s"):
+        assert name in metrics, name
+    return list(colocation.order)
+
+
 class TestTrainerRanks(DistributedSuite):
     world_size = 2
 
@@ -87,4 +131,11 @@ class TestTrainerRanks(DistributedSuite):
     ) -> None:
         root = pool.shared_dir / tmp_path.name
         orders = pool.run(_evaluation_changes_nothing, root)
+        assert orders == [[phase for phase in PHASES if phase not in CRITIC_PHASES]] * 2
+
+    def test_ppo_runs_the_critic_phases_with_the_critic_offloaded_outside_them(
+        self, pool: RankPool, tmp_path: Path
+    ) -> None:
+        root = pool.shared_dir / tmp_path.name
+        orders = pool.run(_ppo_phases_and_critic_placement, root)
         assert orders == [list(PHASES)] * 2

@@ -8,6 +8,8 @@
 - loss aggregation, KL estimators and controllers, entropy bonus and high-entropy token
   selection, clipped value loss, DAPO dynamic sampling and overlong buffer, running reward
   statistics, FIRE first-token temperature;
+- log-probabilities of chosen tokens from hidden states, a chunk of tokens at a time (never the
+  whole batch's full-vocabulary logits);
 - registries keyed by CLI name, to which users add their own (see :mod:`lrft.algo.registry`).
 
 Distributed reductions are the trainer's: functions that need global statistics take them as
@@ -30,7 +32,7 @@ from lrft.algo.advantages import (
     reinforce_plus_plus,
     rloo,
 )
-from lrft.algo.aggregation import aggregate_loss
+from lrft.algo.aggregation import aggregate_loss, aggregation_divisor
 from lrft.algo.entropy import entropy_bonus, entropy_from_logits, high_entropy_token_mask
 from lrft.algo.kl import (
     AdaptiveKLController,
@@ -44,6 +46,7 @@ from lrft.algo.kl import (
     low_var_kl,
     token_kl,
 )
+from lrft.algo.logprobs import chunked_token_logprobs
 from lrft.algo.normalization import advantage_moments, compute_advantages, normalize_advantages
 from lrft.algo.policy_loss import (
     ClippedTokenLosses,
@@ -122,7 +125,9 @@ __all__ = [
     "advantage_estimators",
     "advantage_moments",
     "aggregate_loss",
+    "aggregation_divisor",
     "broadcast_to_tokens",
+    "chunked_token_logprobs",
     "clipped_value_loss",
     "compute_advantages",
     "cpgd",

@@ -85,3 +85,20 @@ def aggregate_loss(
     check_2d("token_losses", token_losses)
     check_same_shape("token_losses", token_losses, action_mask=mask)
     return reduce(token_losses, mask, max_len)
+
+
+def aggregation_divisor(action_mask: Tensor, mode: AggregationMode) -> Tensor:
+    """The count ``mode`` divides by: valid tokens (``token-mean``) or rows with a valid token
+    (the ``seq-mean-*`` modes; ``seq-mean-token-sum-norm``'s ``max_len`` is a constant).
+
+    Every mode is a sum of per-row terms over this count, so for rows ``S`` of a batch ``G``,
+    ``aggregate_loss(L[S]) * divisor(S) / divisor(G)`` summed over a partition of ``G`` equals
+    ``aggregate_loss(L[G])``: a batch can be computed in parts with its loss unchanged.
+    """
+    if mode not in _AGGREGATIONS:
+        known = ", ".join(repr(m) for m in AGGREGATION_MODES)
+        raise ConfigError(f"unknown aggregation mode {mode!r}; known: {known}")
+    mask = as_mask(action_mask)
+    if mode == "token-mean":
+        return mask.sum()
+    return nonempty_rows(mask).sum()

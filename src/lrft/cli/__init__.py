@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from lrft.api.errors import ConfigError, LrftError
+from lrft.cli.bench import add_bench_parser, bench_main
 from lrft.cli.flags import FLAGS, Flag
 from lrft.trainer.config import TrainConfig
 
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for flag in FLAGS:
         _add(train, flag)
+    add_bench_parser(commands)  # listed in `lrft --help`; `lrft bench` is parsed by bench_main
     return parser
 
 
@@ -53,6 +55,7 @@ def _add(parser: argparse.ArgumentParser, flag: Flag) -> None:
         choices=flag.choices,
         default=argparse.SUPPRESS,
         metavar=flag.metavar,
+        nargs=flag.nargs,
         help=flag.help,
     )
 
@@ -79,15 +82,18 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 def config_from_args(argv: Sequence[str]) -> TrainConfig:
     """Parse ``lrft train ...`` arguments into a validated config (no process group needed)."""
-    from lrft.trainer.demo import DEMO_SETTINGS
+    from lrft.trainer.demo import demo_settings
+    from lrft.trainer.presets import preset_settings
 
     args = vars(build_parser().parse_args(list(argv)))
     args.pop("command")
     config_file = args.pop("config")
     values = read_config_file(config_file) if config_file is not None else {}
     values.update(args)
-    if values.get("pretrain") is None:
-        values = {**DEMO_SETTINGS, **values}
+    if values.get("preset") is not None:
+        values = {**preset_settings(str(values["preset"])), **values}
+    elif values.get("pretrain") is None:
+        values = {**demo_settings(values), **values}
     try:
         return TrainConfig(**values)
     except TypeError as error:  # a value of the wrong type in a config file
@@ -113,6 +119,8 @@ def _single_process_env() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        return bench_main(argv)
     rank = os.environ.get("RANK", "0")
     try:
         config = config_from_args(argv)

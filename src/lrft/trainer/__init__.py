@@ -4,6 +4,8 @@
 - :class:`ExperienceMaker`: rollouts, actor/reference logprobs, rewards, advantages (one
   normalisation stage, DP-global statistics);
 - :class:`ReplayBuffer`, :class:`PolicyUpdate`: shuffled micro-batches and the policy epochs;
+- :func:`load_critic`, :class:`CriticUpdate`: PPO's critic (value-based estimators such as gae),
+  its values and its clipped-value-loss epochs;
 - :class:`Colocation`: the memory phases of one iteration, memory logged at each boundary;
 - :class:`RLTrainer`: the loop, evaluation, JSONL metrics, checkpoints and Hugging Face export;
 - :func:`build_trainer`: all of it from a config (fsdp2 + hf engine + direct sync).
@@ -12,6 +14,7 @@
 from lrft.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from lrft.trainer.colocation import PHASES, Colocation
 from lrft.trainer.config import TrainConfig, supported_estimators
+from lrft.trainer.critic import CriticUpdate, load_critic
 from lrft.trainer.experience import ExperienceBatch, ExperienceMaker, Sequences, pack
 from lrft.trainer.policy import PolicyUpdate
 from lrft.trainer.replay import ReplayBuffer
@@ -20,6 +23,7 @@ from lrft.trainer.trainer import FitResult, RLTrainer
 __all__ = [
     "PHASES",
     "Colocation",
+    "CriticUpdate",
     "ExperienceBatch",
     "ExperienceMaker",
     "FitResult",
@@ -30,6 +34,7 @@ __all__ = [
     "TrainConfig",
     "latest_checkpoint",
     "load_checkpoint",
+    "load_critic",
     "pack",
     "save_checkpoint",
     "supported_estimators",

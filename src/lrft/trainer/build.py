@@ -1,34 +1,38 @@
 """Build a ready :class:`RLTrainer` from a :class:`TrainConfig`: models, backend, engine, data.
 
-Composes only the Protocols' implementations: the ``fsdp2`` TrainBackend, the ``hf`` engine and
-``direct`` weight sync. With no ``pretrain`` the built-in demo provides model, data and reward.
+Composes only the Protocols' implementations: the ``fsdp2`` (or DeepSpeed) TrainBackend, the
+``hf`` or ``vllm`` engine and ``direct`` weight sync. With no ``pretrain`` the built-in demo
+provides model, data and reward; a ``preset`` provides whichever of them the user left unset
+(:mod:`lrft.trainer.presets`).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
+from torch.distributed import ProcessGroup
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from lrft.api.errors import ConfigError
 from lrft.api.optim import OptimizerConfig
-from lrft.api.protocols import RolloutEngine, TrainBackend
-from lrft.api.types import SamplingParams
+from lrft.api.protocols import RolloutEngine, TrainableModel, TrainBackend
+from lrft.api.types import ModelPart, SamplingParams
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync.direct import DirectSync
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
 from lrft.data import PromptDataConfig, PromptDataset, load_prompt_dataset
 from lrft.dist import RankInfo, RolloutLayout, init_distributed
-from lrft.rewards import MathVerifyReward, PerSampleReward, RewardFn
+from lrft.rewards import RewardFn
 from lrft.trainer import demo
 from lrft.trainer.config import TrainConfig
-from lrft.trainer.experience import ExperienceMaker
+from lrft.trainer.critic import load_critic
+from lrft.trainer.experience import Decode, ExperienceMaker
 from lrft.trainer.export import export_hf
+from lrft.trainer.presets import preset_config
+from lrft.trainer.rewards import build_reward, check_reward_settings, data_labels
 from lrft.trainer.trainer import RLTrainer
 
 if TYPE_CHECKING:
@@ -38,13 +42,49 @@ ENGINE_SLEEP_LEVEL = 2
 """Training rollouts sleep at level 2: a weight sync always follows and reloads the weights."""
 
 
-def _hf_engine(pretrain: str, config: TrainConfig) -> RolloutEngine:
+def _hf_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> RolloutEngine:
     chunk = config.micro_rollout_batch_size * config.n_samples_per_prompt
-    engine_config = HFEngineConfig(dtype=torch.float32, max_batch_size=chunk)
+    # The dtype the train backends compute in (bf16 mixed precision on CUDA, fp32 on the CPU),
+    # so rollouts and training logprobs come from the same numerics.
+    dtype = torch.bfloat16 if info.device.type == "cuda" else torch.float32
+    engine_config = HFEngineConfig(dtype=dtype, max_batch_size=chunk)
     return HFRolloutEngine.from_pretrained(pretrain, config=engine_config)
 
 
-ENGINES: dict[str, Callable[[str, TrainConfig], RolloutEngine]] = {"hf": _hf_engine}
+def _vllm_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> RolloutEngine:
+    """One vLLM engine per TP group of consecutive ranks; collective over the default group."""
+    # imported here: vllm is an optional dependency and lrft never imports it unasked
+    from lrft.backends.rollout.vllm import VLLMEngineConfig, VLLMRolloutEngine
+
+    chunk = config.micro_rollout_batch_size * config.n_samples_per_prompt
+    engine_config = VLLMEngineConfig(
+        # the trainer computes in fp32 (as the hf engine does), so rollout and training
+        # logprobs are of the same model
+        dtype=torch.float32,
+        tp_size=config.engine_tp_size,
+        max_model_len=(
+            None
+            if config.prompt_max_len is None
+            else config.prompt_max_len + config.generate_max_len
+        ),
+        # the group's ranks hand their chunks to one engine
+        max_num_seqs=chunk * config.engine_tp_size,
+        gpu_memory_utilization=_engine_memory_share(config, info),
+        seed=config.seed,
+    )
+    return VLLMRolloutEngine(pretrain, config=engine_config)
+
+
+def _engine_memory_share(config: TrainConfig, info: RankInfo) -> float:
+    return config.engine_memory_share(
+        local_world_size=info.local_world_size, on_cuda=info.device.type == "cuda"
+    )
+
+
+ENGINES: dict[str, Callable[[str, TrainConfig, RankInfo], RolloutEngine]] = {
+    "hf": _hf_engine,
+    "vllm": _vllm_engine,
+}
 """Rollout engines by ``--engine_type``; each entry must be listed in ``ENGINE_MAX_TP``."""
 
 
@@ -62,23 +102,30 @@ def train_backend(config: TrainConfig) -> TrainBackend:
     return DeepSpeedBackend(DeepSpeedConfig(zero_stage=stage, override=override))
 
 
-def load_reward(spec: str, reference_key: str | None) -> RewardFn:
-    """``math`` or ``module:function``: a function scoring one ``RewardSample``, or a
-    ``RewardFn`` object (anything with ``name`` and a batch ``__call__``)."""
-    if spec == "math":
-        if reference_key is None:
-            raise ConfigError("--reward_fn math compares with the reference: set --reference_key")
-        return MathVerifyReward()
-    module_name, _, attribute = spec.partition(":")
-    try:
-        target = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as error:
-        raise ConfigError(f"--reward_fn {spec!r} cannot be imported: {error}") from error
-    if isinstance(target, RewardFn):
-        return target
-    if callable(target):
-        return PerSampleReward(name=attribute, score=target)
-    raise ConfigError(f"--reward_fn {spec!r} is neither a function nor a RewardFn")
+def build_critic(
+    config: TrainConfig, backend: TrainBackend
+) -> tuple[TrainableModel, frozenset[ModelPart]]:
+    """The critic wrapped by ``backend`` (from ``critic_pretrain``, else ``pretrain``), and the
+    parts of it that live on the host outside its phases. Collective (``prepare_trainable``)."""
+    path = config.critic_pretrain if config.critic_pretrain is not None else config.pretrain
+    assert path is not None
+    model = load_critic(path, seed=config.seed)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()  # type: ignore[no-untyped-call]  # unannotated in transformers
+    critic = backend.prepare_trainable(
+        model,
+        optimizer=OptimizerConfig(
+            lr=config.critic_lr, weight_decay=config.l2, max_grad_norm=config.max_norm
+        ),
+    )
+    parts: set[ModelPart] = set()
+    if config.enable_engine_sleep:
+        # Like the reference model: out of the engine's way except during its own phases.
+        parts |= {ModelPart.PARAMETERS, ModelPart.OPTIMIZER}
+    if config.adam_offload:
+        parts.add(ModelPart.OPTIMIZER)
+    # A backend that can move nothing (FSDP2 cpu_offload) keeps every part on the host already.
+    return critic, frozenset(parts) & backend.capabilities.offload
 
 
 def _data(
@@ -97,14 +144,62 @@ def _data(
     return load_prompt_dataset(data, tokenizer)
 
 
+def rollout_sampling(config: TrainConfig, eos_token_id: int | None) -> SamplingParams:
+    """How training rollouts sample; the engine returns its own logprobs when TIS reads them."""
+    return SamplingParams(
+        n=config.n_samples_per_prompt,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        max_new_tokens=config.generate_max_len,
+        stop_token_ids=() if eos_token_id is None else (int(eos_token_id),),
+        return_logprobs=config.use_tis,
+    )
+
+
+def experience_maker(
+    config: TrainConfig,
+    *,
+    engine: RolloutEngine,
+    decode: Decode,
+    reward: RewardFn,
+    device: torch.device,
+    tp_group: ProcessGroup | None,
+    eos_token_id: int | None,
+) -> ExperienceMaker:
+    """The experience maker that ``config`` describes, around already-built components."""
+    return ExperienceMaker(
+        engine=engine,
+        decode=decode,
+        reward=reward,
+        sampling=rollout_sampling(config, eos_token_id),
+        estimator=config.advantage_estimator,
+        micro_batch_size=config.micro_rollout_batch_size,
+        device=device,
+        tp_group=tp_group,
+        kl_coef=config.init_kl_coef,
+        kl_estimator=config.kl_estimator,
+        kl_in_reward=not config.use_kl_loss,
+        normalize_reward=config.normalize_reward,
+        advantage_params=config.advantage_params,
+        first_token_temperature=config.first_token_temperature,
+        overlong_buffer_len=config.overlong_buffer_len,
+        overlong_penalty_factor=config.overlong_factor,
+    )
+
+
 def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLTrainer:
     """Start the process group (with the configured collective timeout) and build everything."""
     info = rank_info if rank_info is not None else RankInfo.from_env()
     config.validate_world(info.world_size)
-    if config.pretrain is None:
+    if config.engine_type == "vllm":
+        _engine_memory_share(config, info)  # its ConfigError before any process group starts
+    if config.preset is not None:
+        config = preset_config(config, info.rank)
+    elif config.pretrain is None:
         config = demo.demo_config(config, info.rank)
     assert config.pretrain is not None
     assert config.prompt_data is not None
+    check_reward_settings(config)
     init_distributed(info, timeout=timedelta(seconds=config.collective_timeout_s))
     torch.manual_seed(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(config.pretrain)
@@ -114,8 +209,6 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
         if config.eval_dataset is None
         else _data(config, config.eval_dataset, tokenizer, config.eval_max_samples)
     )
-    assert config.reward_fn is not None  # required with pretrain; the demo sets its own
-    reward = load_reward(config.reward_fn, config.reference_key)
 
     backend = train_backend(config)
     model = AutoModelForCausalLM.from_pretrained(config.pretrain, dtype=torch.float32)
@@ -131,7 +224,11 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
     if config.init_kl_coef > 0:
         frozen = AutoModelForCausalLM.from_pretrained(config.pretrain, dtype=torch.float32)
         reference = backend.prepare_frozen(frozen)
-    engine = ENGINES[config.engine_type](config.pretrain, config)
+    reward = build_reward(config, backend, data_labels([train_data, eval_data]))
+    critic, critic_offload = (
+        build_critic(config, backend) if config.uses_critic else (None, frozenset[ModelPart]())
+    )
+    engine = ENGINES[config.engine_type](config.pretrain, config, info)
     tp_group = None
     if config.engine_tp_size > 1:
         tp_group = (
@@ -139,27 +236,14 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
             .build_groups()
             .tp_group
         )
-    eos = tokenizer.eos_token_id
-    sampling = SamplingParams(
-        n=config.n_samples_per_prompt,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        max_new_tokens=config.generate_max_len,
-        stop_token_ids=() if eos is None else (int(eos),),
-    )
-    maker = ExperienceMaker(
+    maker = experience_maker(
+        config,
         engine=engine,
         decode=lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=True)),
         reward=reward,
-        sampling=sampling,
-        estimator=config.advantage_estimator,
-        micro_batch_size=config.micro_rollout_batch_size,
         device=backend.device,
         tp_group=tp_group,
-        kl_coef=config.init_kl_coef,
-        kl_estimator=config.kl_estimator,
-        kl_in_reward=not config.use_kl_loss,
-        normalize_reward=config.normalize_reward,
+        eos_token_id=tokenizer.eos_token_id,
     )
     pretrain = config.pretrain
 
@@ -178,4 +262,6 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
         device=backend.device,
         export=export if config.save_hf_model else None,
         sleep_level=ENGINE_SLEEP_LEVEL if config.enable_engine_sleep else None,
+        critic=critic,
+        critic_offload=critic_offload,
     )

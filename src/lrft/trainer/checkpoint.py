@@ -1,7 +1,8 @@
 """Checkpoints: an atomic directory with a JSON manifest, rotation, and Hugging Face export.
 
-Layout: ``<root>/global_step<k>/`` holding ``manifest.json`` and ``model/`` (what
-``TrainableModel.save`` writes: model, optimizer, scheduler). A checkpoint is written under
+Layout: ``<root>/global_step<k>/`` holding ``manifest.json``, ``model/`` (what
+``TrainableModel.save`` writes for the actor: model, optimizer, scheduler) and, when a critic is
+trained, ``critic/`` (the same for the critic). A checkpoint is written under
 ``<root>/.tmp-global_step<k>`` and renamed when every rank has finished, so a directory named
 ``global_step<k>`` is always complete; an interrupted write leaves only a temporary directory,
 which :func:`latest_checkpoint` ignores and the next write of that step removes.
@@ -21,10 +22,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lrft.api.errors import ConfigError
 from lrft.api.protocols import TrainableModel
 
 MANIFEST = "manifest.json"
 MODEL_DIR = "model"
+CRITIC_DIR = "critic"
 FORMAT_VERSION = 1
 _NAME = re.compile(r"global_step(\d+)")
 
@@ -83,6 +86,7 @@ def save_checkpoint(
     actor: TrainableModel,
     manifest: Mapping[str, Any],
     max_keep: int,
+    critic: TrainableModel | None = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically, then keep only the newest ``max_keep``. Collective.
 
@@ -96,6 +100,8 @@ def save_checkpoint(
         temporary.mkdir()
     _barrier()
     actor.save(temporary / MODEL_DIR)
+    if critic is not None:
+        critic.save(temporary / CRITIC_DIR)
     states: list[Any] = [rng_state()]
     if dist.is_initialized() and dist.get_world_size() > 1:
         states = [None] * dist.get_world_size()
@@ -121,10 +127,23 @@ def read_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
-def load_checkpoint(directory: Path, actor: TrainableModel) -> dict[str, Any]:
-    """Restore the actor from ``directory`` and this rank's RNG state; return the manifest."""
+def load_checkpoint(
+    directory: Path, actor: TrainableModel, critic: TrainableModel | None = None
+) -> dict[str, Any]:
+    """Restore the actor (and the critic) from ``directory`` and this rank's RNG state; return
+    the manifest. Raises ``ConfigError`` when the checkpoint has a critic and the run has none,
+    or the other way round: resuming would silently drop or invent one."""
     manifest = read_manifest(directory)
+    saved = (directory / CRITIC_DIR).is_dir()
+    if saved != (critic is not None):
+        raise ConfigError(
+            f"checkpoint {directory} {'holds a' if saved else 'has no'} critic, but this run "
+            f"trains {'none' if saved else 'one'} (advantage_estimator decides): resume with the "
+            "estimator the checkpoint was written with"
+        )
     actor.load(directory / MODEL_DIR)
+    if critic is not None:
+        critic.load(directory / CRITIC_DIR)
     states = manifest["rng"]
     rank = _rank()
     if rank < len(states):

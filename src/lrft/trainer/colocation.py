@@ -3,8 +3,10 @@
 Training and rollout share each rank's device. :class:`Colocation` owns the order of the phases
 that move memory (DESIGN.md, "One RL iteration"): wake the engine, generate, put the engine to
 sleep, actor logprobs, reference logprobs (reloading the reference model, then offloading it),
-rewards, advantages, policy epochs (reloading the optimizer state first when it is offloaded),
-weight sync into the engine. It logs device memory at each phase boundary.
+critic values, rewards, advantages, policy epochs (reloading the optimizer state first when it is
+offloaded), critic epochs, weight sync into the engine. The critic phases run only for value-based
+estimators; the critic's offloaded parts come back for its two phases and leave again after
+them. It logs device memory at each phase boundary.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import logging
 import resource
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -28,11 +30,15 @@ PHASES = (
     "generate",
     "actor_logprobs",
     "reference_logprobs",
+    "critic_values",
     "rewards",
     "advantages",
     "policy",
+    "critic",
     "weight_sync",
 )
+CRITIC_PHASES = frozenset({"critic_values", "critic"})
+"""The phases that run only when a critic is trained (value-based estimators)."""
 
 
 def device_memory_mb(device: torch.device) -> float:
@@ -43,14 +49,18 @@ def device_memory_mb(device: torch.device) -> float:
 
 
 class Colocation:
-    """Memory placement of one rank's engine, actor and reference across the phases.
+    """Memory placement of one rank's engine, actor, reference and critic across the phases.
 
     ``sleep_level``: the engine sleeps at this level after generating (``None``: stays awake).
     ``offload_reference``: the reference model lives on the host except during its pass.
     ``offload_optimizer``: the actor's optimizer state lives on the host except during the
-    policy phase. Each phase runs inside :meth:`phase`, which records its wall time and the
-    memory at its end into :attr:`records` (``time/<phase>_s``, ``memory/<phase>_mb``), and on
-    CUDA the peak allocated inside the phase (``memory/<phase>_peak_mb``).
+    policy phase. ``critic_offload``: the parts of the critic (value-based estimators) that live
+    on the host except during its values pass (parameters) and its epochs (all of them). Each
+    phase runs inside :meth:`phase`, which records its wall time and the memory at its end into
+    :attr:`records` (``time/<phase>_s``, ``memory/<phase>_mb``), and on CUDA the peak allocated
+    inside the phase (``memory/<phase>_peak_mb``). On CUDA a phase's time includes the device
+    work it queued (the device is synchronised at its end). Rollouts also record the engine's
+    wake and sleep inside them (``time/engine_wake_s``, ``time/engine_sleep_s``).
     """
 
     def __init__(
@@ -64,6 +74,8 @@ class Colocation:
         sleep_level: int | None,
         offload_reference: bool,
         offload_optimizer: bool,
+        critic: TrainableModel | None = None,
+        critic_offload: Collection[ModelPart] = (),
     ) -> None:
         self.engine = engine
         self.actor = actor
@@ -73,12 +85,16 @@ class Colocation:
         self.sleep_level = sleep_level
         self.offload_reference = offload_reference and reference is not None
         self.offload_optimizer = offload_optimizer
+        self.critic = critic
+        self.critic_offload = tuple(critic_offload) if critic is not None else ()
         self.records: dict[str, float] = {}
         self.order: list[str] = []
         if self.offload_reference and reference is not None:
             reference.offload([ModelPart.PARAMETERS])
         if offload_optimizer:
             actor.offload([ModelPart.OPTIMIZER])
+        if critic is not None and self.critic_offload:
+            critic.offload(self.critic_offload)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -87,6 +103,9 @@ class Colocation:
             torch.cuda.reset_peak_memory_stats(self.device)
         start = time.perf_counter()
         yield
+        if on_cuda:
+            # Kernels queued in this phase would otherwise be billed to the next one.
+            torch.cuda.synchronize(self.device)
         seconds = time.perf_counter() - start
         memory = device_memory_mb(self.device)
         self.order.append(name)
@@ -111,8 +130,9 @@ class Colocation:
         weight sync follows it, and level 2 would leave the next rollout stale weights.
         """
         with self.phase(name):
-            self.engine.wake([EnginePart.WEIGHTS])
-            self.engine.wake([EnginePart.KV_CACHE])
+            with self._timed("engine_wake"):
+                self.engine.wake([EnginePart.WEIGHTS])
+                self.engine.wake([EnginePart.KV_CACHE])
             try:
                 return generate()
             finally:
@@ -120,7 +140,22 @@ class Colocation:
                 if level is not None and sleep_level is not None:
                     level = min(level, sleep_level)
                 if level is not None:
-                    self.engine.sleep(level)
+                    with self._timed("engine_sleep"):
+                        self.engine.sleep(level)
+
+    @contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
+        """Adds the block's seconds to ``time/<name>_s``, a part of the enclosing phase's."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            key = f"time/{name}_s"
+            self.records[key] = self.records.get(key, 0.0) + time.perf_counter() - start
 
     def actor_pass(self, fn: Callable[[], T]) -> T:
         with self.phase("actor_logprobs"):
@@ -139,6 +174,31 @@ class Colocation:
                 if self.offload_reference:
                     self.reference.offload([ModelPart.PARAMETERS])
 
+    def critic_pass(self, fn: Callable[[TrainableModel], T]) -> T | None:
+        """Run ``fn`` on the critic with its parameters reloaded; ``None`` without a critic."""
+        if self.critic is None:
+            return None
+        with self.phase("critic_values"):
+            return self._with_critic([ModelPart.PARAMETERS], fn)
+
+    def critic_update(self, fn: Callable[[TrainableModel], T]) -> T | None:
+        """Run ``fn`` (the critic's epochs) with every offloaded critic part reloaded."""
+        if self.critic is None:
+            return None
+        with self.phase("critic"):
+            return self._with_critic(self.critic_offload, fn)
+
+    def _with_critic(self, parts: Collection[ModelPart], fn: Callable[[TrainableModel], T]) -> T:
+        assert self.critic is not None
+        back = [part for part in parts if part in self.critic_offload]
+        if back:
+            self.critic.reload(back)
+        try:
+            return fn(self.critic)
+        finally:
+            if back:
+                self.critic.offload(back)
+
     def plain(self, name: str, fn: Callable[[], T]) -> T:
         with self.phase(name):
             return fn()
@@ -155,14 +215,19 @@ class Colocation:
 
     @contextmanager
     def optimizer_resident(self) -> Iterator[None]:
-        """The optimizer state on the device for the block (checkpoint save and load)."""
+        """The optimizer states (and the critic's parameters) on the device for the block
+        (checkpoint save and load)."""
         if self.offload_optimizer:
             self.actor.reload([ModelPart.OPTIMIZER])
+        if self.critic is not None and self.critic_offload:
+            self.critic.reload(self.critic_offload)
         try:
             yield
         finally:
             if self.offload_optimizer:
                 self.actor.offload([ModelPart.OPTIMIZER])
+            if self.critic is not None and self.critic_offload:
+                self.critic.offload(self.critic_offload)
 
     def sync(self, version: int) -> SyncReport:
         """Push the actor's weights into the engine as ``version`` (wakes only its weights)."""

@@ -20,14 +20,20 @@ from lrft.algo import (
     RewardBatch,
     RunningMoments,
     compute_advantages,
+    fire_temperatures,
     kl_penalized_rewards,
+    overlong_penalty,
+    scale_logits,
     token_kl,
 )
 from lrft.api.protocols import FrozenModel, RolloutEngine
 from lrft.api.types import GenerationRequest, GenerationResult, SamplingParams
 from lrft.data import PromptSample
 from lrft.dist import all_gather_objects, tp_group_generate
-from lrft.rewards import RewardError, RewardFn, RewardSample, compute_rewards
+from lrft.rewards import RewardError, RewardFn, RewardOutput, RewardSample, compute_rewards
+from lrft.trainer.logprobs import response_logprobs as fused_response_logprobs
+from lrft.trainer.logprobs import response_positions
+from lrft.trainer.sampling import fire_generate
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -86,27 +92,84 @@ def pack(results: Sequence[GenerationResult], pad_id: int = 0) -> Sequences:
 
 
 def response_logprobs(
-    module: torch.nn.Module, sequences: Sequences, *, temperature: float, device: torch.device
+    module: torch.nn.Module,
+    sequences: Sequences,
+    *,
+    temperature: float,
+    device: torch.device,
+    first_token_temperature: float | None = None,
 ) -> Tensor:
     """(B, T): log-probability of each generated token under ``log_softmax(logits / T)``.
 
     The same definition as the engine's returned logprobs; differentiable when grad is enabled.
-    The forward may be collective (FSDP all-gathers): every rank calls it equally often.
+    The forward may be collective (FSDP all-gathers): every rank calls it equally often. Computed
+    by :func:`lrft.trainer.logprobs.response_logprobs`, without full-vocabulary logits, unless
+    ``first_token_temperature`` is set (FIRE sampling): then each response's first token is
+    scored at that temperature, through :func:`response_logits`.
+    """
+    if first_token_temperature is None:
+        return fused_response_logprobs(module, sequences, temperature=temperature, device=device)
+    logits = response_logits(
+        module,
+        sequences,
+        temperature=temperature,
+        device=device,
+        first_token_temperature=first_token_temperature,
+    )
+    return token_logprobs(logits, sequences)
+
+
+def response_logits(
+    module: torch.nn.Module,
+    sequences: Sequences,
+    *,
+    temperature: float,
+    device: torch.device,
+    first_token_temperature: float | None = None,
+) -> Tensor:
+    """(B, T, V) float32: the logits that predict each response token, divided by the
+    temperature it was sampled at (``first_token_temperature`` for the first one under FIRE,
+    :func:`lrft.algo.fire_temperatures`).
+
+    The full-vocabulary path, for what needs the whole distribution (the entropy); the
+    differentiable forward may be collective, like :func:`response_logprobs`.
     """
     logits: Tensor = module(
         input_ids=sequences.input_ids.to(device),
         attention_mask=sequences.attention_mask.to(device),
+        use_cache=False,
     ).logits
-    steps = sequences.action_mask.shape[1]
-    # Token t of the response is predicted by the logits at position prompt_length + t - 1.
-    offsets = torch.arange(steps)
-    positions = (sequences.prompt_lengths[:, None] - 1 + offsets[None, :]).clamp(
-        max=logits.shape[1] - 1
+    positions = response_positions(sequences).to(device)
+    picked = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1])).float()
+    if first_token_temperature is None:
+        return picked / temperature
+    temperatures = fire_temperatures(
+        sequences.action_mask.to(device),
+        first_token_temperature=first_token_temperature,
+        temperature=temperature,
     )
-    picked = logits.gather(1, positions.to(device)[..., None].expand(-1, -1, logits.shape[-1]))
-    logprobs = torch.log_softmax(picked.float() / temperature, dim=-1)
-    chosen = logprobs.gather(-1, sequences.action_tokens.to(device)[..., None]).squeeze(-1)
-    return chosen.masked_fill(~sequences.action_mask.to(device), 0.0)
+    return scale_logits(picked, temperatures)
+
+
+def token_logprobs(logits: Tensor, sequences: Sequences) -> Tensor:
+    """(B, T): ``log_softmax(logits)`` of each generated token, 0 at padding."""
+    logprobs = torch.log_softmax(logits, dim=-1)
+    tokens = sequences.action_tokens.to(logits.device)
+    chosen = logprobs.gather(-1, tokens[..., None]).squeeze(-1)
+    return chosen.masked_fill(~sequences.action_mask.to(logits.device), 0.0)
+
+
+def pack_engine_logprobs(results: Sequence[GenerationResult], steps: int) -> Tensor:
+    """(B, ``steps``): the engine's own logprob of each generated token, 0 at padding."""
+    values = torch.zeros((len(results), steps), dtype=torch.float32)
+    for row, result in enumerate(results):
+        if result.logprobs is None:
+            raise ValueError(
+                f"result {row} (request {result.request_id!r}) carries no logprobs: sample with "
+                "return_logprobs=True"
+            )
+        values[row, : len(result.logprobs)] = torch.tensor(result.logprobs)
+    return values
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -114,11 +177,16 @@ class ExperienceBatch:
     """One rank's experience of one iteration, on the CPU; rows are prompt-major groups."""
 
     sequences: Sequences
-    old_logprobs: Tensor  # (B, T)
+    # (B, T); None when the policy update takes them from its own forward (on-policy: one epoch
+    # and one optimizer step per iteration, so they equal the current logprobs, detached)
+    old_logprobs: Tensor | None
     ref_logprobs: Tensor | None  # (B, T)
     scores: Tensor  # (B,) the reward function's scores
     advantages: Tensor  # (B, T)
     metrics: dict[str, float] = attrs.field(factory=dict)
+    values: Tensor | None = None  # (B, T) the critic's, at experience time
+    returns: Tensor | None = None  # (B, T) the critic's regression targets
+    engine_logprobs: Tensor | None = None  # (B, T) the rollout engine's own, for TIS
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -129,10 +197,15 @@ class ExperienceBatch:
         ref = None if self.ref_logprobs is None else self.ref_logprobs[rows, :steps]
         return ExperienceBatch(
             sequences=picked,
-            old_logprobs=self.old_logprobs[rows, :steps],
+            old_logprobs=None if self.old_logprobs is None else self.old_logprobs[rows, :steps],
             ref_logprobs=ref,
             scores=self.scores[rows],
             advantages=self.advantages[rows, :steps],
+            values=None if self.values is None else self.values[rows, :steps],
+            returns=None if self.returns is None else self.returns[rows, :steps],
+            engine_logprobs=(
+                None if self.engine_logprobs is None else self.engine_logprobs[rows, :steps]
+            ),
         )
 
 
@@ -147,9 +220,12 @@ def all_gather_moments(moments: RunningMoments) -> RunningMoments:
 class ExperienceMaker:
     """Generate, score and evaluate one rank's prompts; see the module docstring.
 
-    ``tp_group`` is this rank's engine TP group (``None`` for TP 1). ``reward_moments`` are the
-    running reward statistics (DP-global), updated only by :meth:`make` when
-    ``normalize_reward`` is on.
+    ``tp_group`` is this rank's engine TP group (``None`` for TP 1); it gathers the group's
+    prompts only for an engine that cannot span a TP group itself (see :meth:`generate`).
+    ``reward_moments`` are the running reward statistics (DP-global), updated only by
+    :meth:`make` when ``normalize_reward`` is on. ``first_token_temperature`` turns on FIRE
+    sampling (:meth:`generate`, :meth:`logprobs`); ``overlong_buffer_len`` DAPO's overlong
+    shaping (:meth:`shape`).
     """
 
     engine: RolloutEngine
@@ -166,15 +242,38 @@ class ExperienceMaker:
     normalize_reward: bool = False
     reward_moments: RunningMoments = attrs.field(factory=RunningMoments)
     advantage_params: AdvantageParams = attrs.field(factory=AdvantageParams)
+    first_token_temperature: float | None = None
+    overlong_buffer_len: int | None = None
+    overlong_penalty_factor: float = 1.0
 
     def generate(
         self, prompts: Sequence[PromptSample], params: SamplingParams
     ) -> list[GenerationResult]:
+        """``params.n`` results per prompt, prompt-major. Collective over the TP group.
+
+        With ``first_token_temperature`` set and ``params`` not greedy (FIRE sampling), each
+        response's first token is sampled at that temperature and the rest at
+        ``params.temperature``; engine logprobs follow the same temperatures.
+        """
         requests = [
             GenerationRequest(prompt_token_ids=p.prompt_token_ids, request_id=str(p.source_index))
             for p in prompts
         ]
-        return tp_group_generate(self.engine.generate, requests, params, self.tp_group)
+        if self.first_token_temperature is None or params.greedy:
+            return self._generate(requests, params)
+        return fire_generate(
+            self._generate, requests, params, first_token_temperature=self.first_token_temperature
+        )
+
+    def _generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[GenerationResult]:
+        # An engine that declares tensor_parallel spans its TP group and, by the RolloutEngine
+        # contract, gathers the group's requests itself: gathering here too would hand it every
+        # request of the group on every rank. Only a single-rank engine needs the gather.
+        spans_group = "tensor_parallel" in self.engine.capabilities.names()
+        group = None if spans_group else self.tp_group
+        return tp_group_generate(self.engine.generate, requests, params, group)
 
     def logprobs(self, model: FrozenModel, sequences: Sequences) -> Tensor:
         """Micro-batched, gradient-free :func:`response_logprobs` of ``model``, on the CPU."""
@@ -184,16 +283,42 @@ class ExperienceMaker:
                 rows = torch.arange(start, min(start + self.micro_batch_size, len(sequences)))
                 chunk = sequences.select(rows)
                 values = response_logprobs(
-                    model.module, chunk, temperature=self.sampling.temperature, device=self.device
+                    model.module,
+                    chunk,
+                    temperature=self.sampling.temperature,
+                    device=self.device,
+                    first_token_temperature=self.first_token_temperature,
                 ).cpu()
                 width = sequences.action_mask.shape[1] - values.shape[1]
                 parts.append(torch.nn.functional.pad(values, (0, width)))
         return torch.cat(parts)
 
+    def shape(self, scores: Tensor, lengths: Tensor) -> Tensor:
+        """The rewards the advantages see: ``scores`` (B,) plus DAPO's overlong penalty of
+        responses of ``lengths`` tokens when ``overlong_buffer_len`` is set, else ``scores``."""
+        if self.overlong_buffer_len is None:
+            return scores
+        penalty = overlong_penalty(
+            lengths,
+            max_len=self.sampling.max_new_tokens,
+            buffer_len=self.overlong_buffer_len,
+            penalty_factor=self.overlong_penalty_factor,
+        )
+        return scores + penalty.to(scores.dtype)
+
     def score(
         self, prompts: Sequence[PromptSample], results: Sequence[GenerationResult], n: int
     ) -> tuple[Tensor, dict[str, float]]:
-        """The reward of each result (prompt-major, ``n`` per prompt); names a failing sample."""
+        """The reward of each result (prompt-major, ``n`` per prompt) and the reward's metrics
+        averaged (:func:`reward_means`); names a failing sample."""
+        output = self.rate(prompts, results, n)
+        return output.scores_tensor(), reward_means(output)
+
+    def rate(
+        self, prompts: Sequence[PromptSample], results: Sequence[GenerationResult], n: int
+    ) -> RewardOutput:
+        """The reward function's output for each result (prompt-major, ``n`` per prompt), with
+        its per-sample metrics; names a failing sample."""
         samples = []
         for index, result in enumerate(results):
             prompt = prompts[index // n]
@@ -218,17 +343,25 @@ class ExperienceMaker:
                 f"{prompt.prompt_text!r}, response "
                 f"{samples[error.sample_index].response!r}]",
             ) from error
-        metrics = {f"reward/{name}": _nanmean(values) for name, values in output.metrics.items()}
-        return output.scores_tensor(), metrics
+        return output
 
     def make(
         self,
         sequences: Sequences,
         scores: Tensor,
-        old_logprobs: Tensor,
+        old_logprobs: Tensor | None,
         ref_logprobs: Tensor | None,
+        *,
+        values: Tensor | None = None,
+        engine_logprobs: Tensor | None = None,
     ) -> ExperienceBatch:
-        """Advantages in one normalisation stage, with DP-global whitening statistics."""
+        """Advantages in one normalisation stage, with DP-global whitening statistics.
+
+        ``values``: the critic's (B, T) values, for value-based estimators; the batch then also
+        carries them and the estimator's returns (the critic's targets, never whitened).
+        ``engine_logprobs``: the engine's own (B, T) logprobs, carried for truncated importance
+        sampling.
+        """
         mask = sequences.action_mask
         shaped = scores.double()
         if self.normalize_reward:
@@ -236,14 +369,20 @@ class ExperienceMaker:
                 all_gather_moments(RunningMoments.from_values(scores))
             )
             shaped = self.reward_moments.normalize(shaped)
-        batch = RewardBatch.from_sequence_rewards(shaped.float(), mask, group_size=self.sampling.n)
+        batch = RewardBatch.from_sequence_rewards(
+            shaped.float(), mask, group_size=self.sampling.n, values=values
+        )
         metrics: dict[str, float] = {}
         if ref_logprobs is not None:
+            if old_logprobs is None:
+                raise ValueError("the KL against the reference needs the old logprobs")
             kl = token_kl(old_logprobs, ref_logprobs, mask, self.kl_estimator)
             metrics["kl"] = float(kl.sum() / mask.sum())
             if self.kl_in_reward:
                 penalized = kl_penalized_rewards(batch.token_rewards, kl, mask, self.kl_coef)
-                batch = RewardBatch.from_token_rewards(penalized, mask, group_size=self.sampling.n)
+                batch = RewardBatch.from_token_rewards(
+                    penalized, mask, group_size=self.sampling.n, values=values
+                )
         advantages = compute_advantages(
             self.estimator, batch, self.advantage_params, reduce_moments=all_gather_moments
         )
@@ -254,7 +393,16 @@ class ExperienceMaker:
             scores=scores,
             advantages=advantages.advantages.float(),
             metrics=metrics,
+            values=values,
+            returns=None if values is None else advantages.returns.float(),
+            engine_logprobs=engine_logprobs,
         )
+
+
+def reward_means(output: RewardOutput) -> dict[str, float]:
+    """Each of the reward's metrics averaged over the samples that measured it, as
+    ``reward/<name>``."""
+    return {f"reward/{name}": _nanmean(values) for name, values in output.metrics.items()}
 
 
 def _nanmean(values: Sequence[float]) -> float:

@@ -1,7 +1,8 @@
-"""Metrics: one JSON object per line, always; TensorBoard scalars and a curve PNG when asked.
+"""Metrics: one JSON object per line, always; TensorBoard, W&B and a curve PNG when asked.
 
-TensorBoard and matplotlib are optional (``pip install 'lrft[plots]'``): they are imported only
-when used, so the trainer runs without them.
+TensorBoard and matplotlib (``pip install 'lrft[plots]'``) and wandb (``pip install
+'lrft[wandb]'``, :mod:`lrft.trainer.wandb_metrics`) are optional: they are imported only when
+used, so the trainer runs without them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
+
+    from lrft.trainer.wandb_metrics import WandbMetrics
 
 PLOTS_EXTRA = "pip install 'lrft[plots]'"
 """How to install the optional plotting and TensorBoard dependencies; named in errors."""
@@ -71,17 +74,25 @@ class TensorBoardMetrics:
 
 
 class MetricsWriter:
-    """What the trainer logs, on rank 0: ``metrics.jsonl`` always, TensorBoard when asked.
+    """What the trainer logs, on rank 0: ``metrics.jsonl`` always, TensorBoard and W&B when asked.
 
-    ``save_path/metrics.jsonl`` and ``save_path/tensorboard/`` get the same records. Ranks other
-    than 0 (``enabled=False``) write nothing. :meth:`close` ends the TensorBoard event file.
+    ``save_path/metrics.jsonl``, ``save_path/tensorboard/`` and the W&B run (``wandb``) get the
+    same records. Ranks other than 0 (``enabled=False``) write nothing.
     """
 
-    def __init__(self, save_path: Path, *, enabled: bool, tensorboard: bool) -> None:
+    def __init__(
+        self,
+        save_path: Path,
+        *,
+        enabled: bool,
+        tensorboard: bool,
+        wandb: WandbMetrics | None = None,
+    ) -> None:
         self.jsonl = JsonlMetrics(save_path / "metrics.jsonl", enabled=enabled)
         self.tensorboard = (
             TensorBoardMetrics(save_path / "tensorboard") if enabled and tensorboard else None
         )
+        self.wandb = wandb if enabled else None
 
     @property
     def path(self) -> Path:
@@ -92,10 +103,15 @@ class MetricsWriter:
         self.jsonl.log(step, kind, values)
         if self.tensorboard is not None:
             self.tensorboard.log(step, kind, values)
+        if self.wandb is not None:
+            self.wandb.log(step, kind, values)
 
-    def close(self) -> None:
+    def close(self, *, failed: bool = False) -> None:
+        """End the TensorBoard event file and the W&B run (marked failed when ``failed``)."""
         if self.tensorboard is not None:
             self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.close(failed=failed)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

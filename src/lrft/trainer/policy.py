@@ -1,13 +1,34 @@
-"""Policy epochs: clipped policy loss (and KL loss) over shuffled micro-batches, accumulated."""
+"""Policy epochs: the configured policy loss (with KL loss and entropy bonus when set) over
+shuffled micro-batches, accumulated."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import torch
+from torch import Tensor
 
-from lrft.algo import PolicyLossConfig, PolicyLossInputs, kl_loss, policy_losses
+from lrft.algo import (
+    PolicyLossConfig,
+    PolicyLossInputs,
+    aggregate_loss,
+    aggregation_divisor,
+    entropy_from_logits,
+    high_entropy_token_mask,
+    kl_loss,
+    policy_losses,
+)
+from lrft.algo.types import AggregationMode
 from lrft.api.protocols import TrainableModel
-from lrft.trainer.experience import response_logprobs
+from lrft.trainer.config import TrainConfig
+from lrft.trainer.experience import (
+    ExperienceBatch,
+    response_logits,
+    response_logprobs,
+    token_logprobs,
+)
+from lrft.trainer.micro_batches import PackedMicroBatch, equalize_across_ranks, plan_step
 from lrft.trainer.replay import ReplayBuffer
 
 
@@ -16,6 +37,15 @@ class PolicyUpdate:
     """Settings of the policy phase.
 
     ``accumulation``: micro-batches per optimizer step (each micro-batch loss is divided by it).
+    ``loss_name``: the registered policy loss (``lrft.algo.policy_losses``), run with ``loss``.
+    ``first_token_temperature``: FIRE's, at which each response's first token was sampled and
+    is scored. ``entropy_coef``: ``None`` computes no entropy, 0 only logs it, above 0 adds
+    ``- entropy_coef * entropy`` (aggregated like the loss) to the loss. ``high_entropy_ratio``:
+    above 0 the policy loss sees only that top fraction of each micro-batch's tokens by entropy.
+    ``max_tokens_per_micro_batch``: when set, each optimizer step's rows are packed into forwards
+    of at most that many (padded) tokens (:mod:`lrft.trainer.micro_batches`); the loss is still
+    aggregated over the fixed micro-batches of ``micro_batch_size`` rows, so the gradient does not
+    change.
     """
 
     micro_batch_size: int
@@ -27,55 +57,223 @@ class PolicyUpdate:
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     use_kl_loss: bool = False
+    first_token_temperature: float | None = None
+    entropy_coef: float | None = None
+    high_entropy_ratio: float = 0.0
+    max_tokens_per_micro_batch: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_tokens_per_micro_batch is not None and self.high_entropy_ratio > 0:
+            raise ValueError(
+                "high_entropy_ratio selects tokens within each micro-batch, so it cannot be "
+                "combined with max_tokens_per_micro_batch, which repacks the micro-batches"
+            )
+
+    @classmethod
+    def from_config(cls, config: TrainConfig, *, world_size: int) -> PolicyUpdate:
+        """The policy phase that ``config`` describes on ``world_size`` ranks."""
+        per_rank = config.train_batch_size // world_size
+        return cls(
+            micro_batch_size=config.micro_train_batch_size,
+            accumulation=per_rank // config.micro_train_batch_size,
+            epochs=config.max_epochs,
+            temperature=config.temperature,
+            loss=config.policy_loss_config(),
+            loss_name=config.policy_loss_type,
+            kl_coef=config.init_kl_coef,
+            kl_estimator=config.kl_estimator,
+            use_kl_loss=config.use_kl_loss,
+            first_token_temperature=config.first_token_temperature,
+            entropy_coef=config.entropy_loss_coef,
+            high_entropy_ratio=config.high_entropy_token_ratio,
+            max_tokens_per_micro_batch=config.max_tokens_per_micro_batch,
+        )
+
+    @property
+    def needs_entropy(self) -> bool:
+        return self.entropy_coef is not None or self.high_entropy_ratio > 0
+
+    def micro_batch_loss(
+        self, module: torch.nn.Module, batch: ExperienceBatch, device: torch.device
+    ) -> tuple[Tensor, dict[str, float]]:
+        """One micro-batch's loss (before the division by ``accumulation``) and its metrics.
+
+        The forward may be collective (FSDP all-gathers): every rank calls it equally often.
+        """
+        logprobs, entropy = self.forward(module, batch, device)
+        return self.loss_of(batch, logprobs, entropy, device)
+
+    def forward(
+        self, module: torch.nn.Module, batch: ExperienceBatch, device: torch.device
+    ) -> tuple[Tensor, Tensor | None]:
+        """(B, T) logprobs of ``batch``'s responses, and their entropy when it is needed.
+
+        The forward may be collective (FSDP all-gathers): every rank calls it equally often.
+        """
+        mask = batch.sequences.action_mask.to(device)
+        entropy = None
+        if self.needs_entropy:
+            # The entropy needs the whole distribution, so this path keeps full-vocabulary logits.
+            logits = response_logits(
+                module,
+                batch.sequences,
+                temperature=self.temperature,
+                device=device,
+                first_token_temperature=self.first_token_temperature,
+            )
+            logprobs = token_logprobs(logits, batch.sequences)
+            entropy = entropy_from_logits(logits, mask)
+        else:
+            logprobs = response_logprobs(
+                module,
+                batch.sequences,
+                temperature=self.temperature,
+                device=device,
+                first_token_temperature=self.first_token_temperature,
+            )
+        return logprobs, entropy
+
+    def loss_of(
+        self,
+        batch: ExperienceBatch,
+        logprobs: Tensor,
+        entropy: Tensor | None,
+        device: torch.device,
+        *,
+        group_mask: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, float]]:
+        """The loss of ``batch`` from its forward's ``logprobs`` (and ``entropy``), and metrics.
+
+        ``group_mask``: the action mask of the whole fixed micro-batch these rows belong to,
+        when they are only part of it; each term is then scaled by these rows' share of the
+        count it is aggregated over, so that the parts' losses add up to the micro-batch's.
+        """
+        mask = batch.sequences.action_mask.to(device)
+
+        def share(mode: AggregationMode) -> Tensor | float:
+            if group_mask is None:
+                return 1.0
+            whole = aggregation_divisor(group_mask, mode).clamp(min=1)
+            return aggregation_divisor(mask, mode) / whole
+
+        loss_mask = mask
+        if entropy is not None and self.high_entropy_ratio > 0:
+            loss_mask = high_entropy_token_mask(entropy, mask, self.high_entropy_ratio)
+        engine = None
+        if self.loss.tis_cap is not None and batch.engine_logprobs is not None:
+            engine = batch.engine_logprobs.to(device)
+        output = policy_losses.get(self.loss_name).fn(
+            PolicyLossInputs(
+                logprobs=logprobs,
+                # on-policy experience (no old logprobs): the ratio is exactly 1 at this forward
+                old_logprobs=(
+                    logprobs.detach()
+                    if batch.old_logprobs is None
+                    else batch.old_logprobs.to(device)
+                ),
+                advantages=batch.advantages.to(device),
+                action_mask=loss_mask,
+                engine_logprobs=engine,
+            ),
+            self.loss,
+        )
+        # A sequence-level loss averages over responses, as the seq-mean aggregations do.
+        policy_mode: AggregationMode = (
+            "seq-mean-token-mean"
+            if policy_losses.get(self.loss_name).sequence_level
+            else self.loss.token_aggregation
+        )
+        loss = output.loss * share(policy_mode)
+        values = output.metrics.as_floats()
+        values["policy_loss"] = float(output.loss.detach())
+        if entropy is not None:
+            bonus = aggregate_loss(
+                entropy, mask, self.loss.token_aggregation, max_len=self.loss.max_len
+            )
+            values["entropy"] = float(bonus.detach())
+            if self.entropy_coef:
+                loss = loss - self.entropy_coef * bonus * share(self.loss.token_aggregation)
+        if self.use_kl_loss and batch.ref_logprobs is not None:
+            kl = kl_loss(logprobs, batch.ref_logprobs.to(device), mask, estimator=self.kl_estimator)
+            loss = loss + self.kl_coef * kl * share("token-mean")
+            values["kl_loss"] = float(kl.detach())
+        return loss, values
 
     def run(
         self, actor: TrainableModel, buffer: ReplayBuffer, *, step: int, device: torch.device
     ) -> dict[str, float]:
         """Every epoch over ``buffer``; returns averaged metrics. Collective (forwards, steps)."""
-        loss_fn = policy_losses.get(self.loss_name).fn
         totals: dict[str, float] = {}
         counts: dict[str, int] = {}
-        pending = 0
+
+        def record(values: dict[str, float]) -> None:
+            for name, value in values.items():
+                totals[name] = totals.get(name, 0.0) + value
+                counts[name] = counts.get(name, 0) + 1
+
         actor.module.train()
         for epoch in range(self.epochs):
-            for batch in buffer.micro_batches(self.micro_batch_size, epoch=step * 1000 + epoch):
-                logprobs = response_logprobs(
-                    actor.module, batch.sequences, temperature=self.temperature, device=device
+            groups = buffer.row_groups(self.micro_batch_size, epoch=step * 1000 + epoch)
+            if len(groups) % self.accumulation:
+                raise RuntimeError(
+                    f"{len(groups) % self.accumulation} micro-batches were left without an "
+                    "optimizer step: the buffer size must be a multiple of micro_batch_size * "
+                    "accumulation"
                 )
-                mask = batch.sequences.action_mask.to(device)
-                output = loss_fn(
-                    PolicyLossInputs(
-                        logprobs=logprobs,
-                        old_logprobs=batch.old_logprobs.to(device),
-                        advantages=batch.advantages.to(device),
-                        action_mask=mask,
-                    ),
-                    self.loss,
-                )
-                loss = output.loss
-                values = output.metrics.as_floats()
-                values["policy_loss"] = float(output.loss.detach())
-                if self.use_kl_loss and batch.ref_logprobs is not None:
-                    kl = kl_loss(
-                        logprobs, batch.ref_logprobs.to(device), mask, estimator=self.kl_estimator
+            for start in range(0, len(groups), self.accumulation):
+                step_groups = groups[start : start + self.accumulation]
+                if self.max_tokens_per_micro_batch is None:
+                    for rows in step_groups:
+                        loss, values = self.micro_batch_loss(
+                            actor.module, buffer.select(rows), device
+                        )
+                        actor.backward(loss / self.accumulation)
+                        record(values)
+                else:
+                    plan = plan_step(
+                        step_groups, buffer.row_lengths(), self.max_tokens_per_micro_batch
                     )
-                    loss = loss + self.kl_coef * kl
-                    values["kl_loss"] = float(kl.detach())
-                actor.backward(loss / self.accumulation)
-                pending += 1
-                if pending == self.accumulation:
-                    report = actor.step()
-                    values["grad_norm"] = report.grad_norm
-                    values["skipped_steps"] = float(report.skipped)
-                    values["lr"] = report.lr
-                    pending = 0
-                for name, value in values.items():
-                    totals[name] = totals.get(name, 0.0) + value
-                    counts[name] = counts.get(name, 0) + 1
-        if pending:
-            raise RuntimeError(
-                f"{pending} micro-batches were left without an optimizer step: the buffer size "
-                "must be a multiple of micro_batch_size * accumulation"
-            )
+                    for micro in equalize_across_ranks(plan, device):
+                        self._packed_backward(actor, buffer, step_groups, micro, device, record)
+                report = actor.step()
+                record(
+                    {
+                        "grad_norm": report.grad_norm,
+                        "skipped_steps": float(report.skipped),
+                        "lr": report.lr,
+                    }
+                )
         actor.module.eval()
         return {f"policy/{name}": total / counts[name] for name, total in totals.items()}
+
+    def _packed_backward(
+        self,
+        actor: TrainableModel,
+        buffer: ReplayBuffer,
+        groups: list[Tensor],
+        micro: PackedMicroBatch,
+        device: torch.device,
+        record: Callable[[dict[str, float]], None],
+    ) -> None:
+        """One forward over a packed micro-batch, then the loss of each fixed micro-batch's
+        rows in it (scaled by their share), back-propagated together."""
+        batch = buffer.select(micro.buffer_rows)
+        logprobs, entropy = self.forward(actor.module, batch, device)
+        losses = []
+        for part in micro.parts:
+            rows = torch.tensor(part.rows)
+            piece = batch.select(rows)
+            steps = piece.sequences.action_mask.shape[1]
+            whole = buffer.select(groups[part.group]).sequences.action_mask.to(device)
+            loss, values = self.loss_of(
+                piece,
+                logprobs[rows.to(device), :steps],
+                None if entropy is None else entropy[rows.to(device), :steps],
+                device,
+                group_mask=whole,
+            )
+            losses.append(loss)
+            record(values)
+        # A padding micro-batch (no parts) still back-propagates, as a collective, to no effect.
+        total = torch.stack(losses).sum() if losses else logprobs.sum() * 0.0
+        actor.backward(total / self.accumulation)

@@ -32,10 +32,25 @@ class ReplayBuffer:
 
     def micro_batches(self, size: int, *, epoch: int) -> Iterator[ExperienceBatch]:
         """All rows once, in a shuffled order, ``size`` rows at a time (the last may be short)."""
-        if len(self._items) != 1:
-            raise ValueError(f"the buffer holds {len(self._items)} batches; append exactly one")
-        batch = self._items[0]
+        for rows in self.row_groups(size, epoch=epoch):
+            yield self.select(rows)
+
+    def row_groups(self, size: int, *, epoch: int) -> list[torch.Tensor]:
+        """The row indices of :meth:`micro_batches`, in the same order."""
+        batch = self._batch()
         generator = torch.Generator().manual_seed(self._seed * 1_000_003 + epoch)
         order = torch.randperm(len(batch), generator=generator)
-        for start in range(0, len(batch), size):
-            yield batch.select(order[start : start + size])
+        return [order[start : start + size] for start in range(0, len(batch), size)]
+
+    def select(self, rows: torch.Tensor) -> ExperienceBatch:
+        """Rows ``rows`` of the held batch, trimmed to their longest sequence and response."""
+        return self._batch().select(rows)
+
+    def row_lengths(self) -> torch.Tensor:
+        """(B,): the real (unpadded) tokens of each row's sequence."""
+        return self._batch().sequences.attention_mask.sum(-1)
+
+    def _batch(self) -> ExperienceBatch:
+        if len(self._items) != 1:
+            raise ValueError(f"the buffer holds {len(self._items)} batches; append exactly one")
+        return self._items[0]

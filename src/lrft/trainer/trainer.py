@@ -1,10 +1,10 @@
-"""``RLTrainer``: the colocated RL loop for GRPO-family estimators (no critic)."""
+"""``RLTrainer``: the colocated RL loop: GRPO-family estimators, and PPO with a critic (gae)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -13,18 +13,24 @@ import torch
 import torch.distributed as dist
 
 import lrft
-from lrft.algo import PolicyLossConfig, RunningMoments
+from lrft.algo import RunningMoments
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, WeightSync
+from lrft.api.types import ModelPart
 from lrft.data import DistributedPromptSampler, PromptDataset, eval_indices
 from lrft.dist import all_gather_objects
 from lrft.trainer import checkpoint as ckpt
 from lrft.trainer.colocation import Colocation
 from lrft.trainer.config import TrainConfig
-from lrft.trainer.experience import ExperienceMaker, pack
+from lrft.trainer.critic import CriticUpdate, critic_values
+from lrft.trainer.experience import ExperienceMaker, pack, pack_engine_logprobs, reward_means
 from lrft.trainer.metrics import MetricsWriter, plot_curves
 from lrft.trainer.policy import PolicyUpdate
+from lrft.trainer.progress import Console
 from lrft.trainer.replay import ReplayBuffer
+from lrft.trainer.sampling import Refill, ScoredGroups, continuation_seed, refill_groups
+from lrft.trainer.trajectories import TRAJECTORY_DIR, TrajectoryWriter, sample_records
+from lrft.trainer.wandb_metrics import DEFAULT_PROJECT, WandbMetrics, WandbSettings
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +66,43 @@ def sum_over_ranks(values: list[float], device: torch.device) -> list[float]:
     return [float(x) for x in tensor.tolist()]
 
 
+def needs_old_logprob_pass(config: TrainConfig, actor: torch.nn.Module) -> bool:
+    """Whether the behaviour-policy logprobs need a forward pass of their own.
+
+    They do not when one epoch makes one optimizer step per iteration: every micro-batch's
+    forward then runs on the parameters the separate pass would have used, so its logprobs,
+    detached, are the old ones (the ratio is exactly 1 at that forward). The pass is still made
+    when something reads the old logprobs before or outside the update (the KL against a
+    reference model, saved trajectories), or when dropout would make the training forward
+    differ from the evaluation-mode pass.
+    """
+    on_policy = (
+        config.max_epochs == 1
+        and config.train_batch_size == config.samples_per_rollout
+        and config.init_kl_coef == 0.0
+        and not config.save_trajectories
+    )
+    return not on_policy or _has_dropout(actor)
+
+
+def _has_dropout(module: torch.nn.Module) -> bool:
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in module.modules()):
+        return True
+    # attention dropout is applied functionally, from the config (transformers models)
+    settings = getattr(getattr(module, "config", None), "__dict__", {})
+    return any(
+        "dropout" in name and isinstance(value, int | float) and value > 0
+        for name, value in settings.items()
+    )
+
+
 class RLTrainer:
     """Runs ``config``'s iterations on already-built components; see DESIGN.md.
 
     Construction does no collective work; :meth:`fit` is collective over the default group.
-    ``export`` writes the Hugging Face folder (collective); ``None`` skips it.
+    ``export`` writes the Hugging Face folder (collective); ``None`` skips it. ``critic`` is
+    required exactly when the estimator is value-based (``config.uses_critic``);
+    ``critic_offload`` names the critic's parts kept on the host outside its phases.
     """
 
     def __init__(
@@ -81,12 +119,21 @@ class RLTrainer:
         device: torch.device,
         export: Callable[[Path], None] | None = None,
         sleep_level: int | None = None,
+        critic: TrainableModel | None = None,
+        critic_offload: Collection[ModelPart] = (),
     ) -> None:
+        if (critic is not None) != config.uses_critic:
+            raise ConfigError(
+                f"advantage_estimator {config.advantage_estimator!r} "
+                f"{'needs a' if config.uses_critic else 'trains no'} critic, but "
+                f"{'none was' if critic is None else 'one was'} given"
+            )
         self.config = config
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         config.validate_world(self.world_size)
         self.actor = actor
+        self.critic = critic
         self.engine = engine
         self.maker = maker
         self.train_data = train_data
@@ -102,6 +149,8 @@ class RLTrainer:
             sleep_level=sleep_level,
             offload_reference=config.enable_engine_sleep and reference is not None,
             offload_optimizer=config.adam_offload,
+            critic=critic,
+            critic_offload=critic_offload,
         )
         self.sampler = DistributedPromptSampler(
             num_samples=len(train_data),
@@ -111,21 +160,42 @@ class RLTrainer:
             seed=config.seed,
         )
         per_rank_train = config.train_batch_size // self.world_size
-        self.update = PolicyUpdate(
+        self.update = PolicyUpdate.from_config(config, world_size=self.world_size)
+        self.old_logprob_pass = needs_old_logprob_pass(config, actor.module)
+        self.critic_update = CriticUpdate(
             micro_batch_size=config.micro_train_batch_size,
             accumulation=per_rank_train // config.micro_train_batch_size,
             epochs=config.max_epochs,
-            temperature=config.temperature,
-            kl_coef=config.init_kl_coef,
-            kl_estimator=config.kl_estimator,
-            use_kl_loss=config.use_kl_loss,
-            loss=PolicyLossConfig(eps_clip=config.eps_clip),
+            value_clip=config.value_clip_range,
         )
         self.buffer = ReplayBuffer(seed=config.seed)
         self.metrics = MetricsWriter(
-            Path(config.save_path), enabled=self.rank == 0, tensorboard=config.use_tensorboard
+            Path(config.save_path),
+            enabled=self.rank == 0,
+            tensorboard=config.use_tensorboard,
+            wandb=self._wandb() if config.use_wandb and self.rank == 0 else None,
+        )
+        self.console = Console(enabled=self.rank == 0, progress_bar=config.progress_bar)
+        self.trajectories = (
+            TrajectoryWriter(
+                Path(config.save_path) / TRAJECTORY_DIR,
+                every=config.save_trajectories_steps or 1,
+                rank=self.rank,
+            )
+            if config.save_trajectories
+            else None
         )
         self.step = 0
+
+    def _wandb(self) -> WandbMetrics:
+        settings = WandbSettings(
+            directory=Path(self.config.save_path),
+            project=self.config.wandb_project or DEFAULT_PROJECT,
+            entity=self.config.wandb_org,
+            group=self.config.wandb_group,
+            name=self.config.wandb_run_name,
+        )
+        return WandbMetrics(settings, config=self.config.as_dict())
 
     @property
     def total_steps(self) -> int:
@@ -133,45 +203,127 @@ class RLTrainer:
         return steps if self.config.max_steps is None else min(steps, self.config.max_steps)
 
     def _say(self, message: str) -> None:
-        if self.rank == 0:
-            print(message, flush=True)
+        self.console.say(message)
 
     # --- one iteration ---------------------------------------------------------------------
 
-    def rollout_seed(self, step: int) -> int:
+    def rollout_seed(self, step: int, round_index: int = 0) -> int:
+        """The sampling seed of ``step``'s rollout (its ``round_index``-th generate round under
+        dynamic sampling), shared by the ranks of a TP group."""
         leader = self.rank - self.rank % self.config.engine_tp_size
-        return (self.config.seed * 1_000_003 + step) * 4096 + leader
+        seed = (self.config.seed * 1_000_003 + step) * 4096 + leader
+        return seed if round_index == 0 else continuation_seed(seed + round_index * (1 << 62))
+
+    @property
+    def data_exhausted(self) -> bool:
+        """Whether ``num_episodes`` passes over the prompts were taken (dynamic sampling takes
+        more than one batch in some iterations, so it may end before ``total_steps``)."""
+        return self.sampler.epoch >= self.config.num_episodes
+
+    def dynamic_rollout(self) -> Refill:
+        """Generate-and-score rounds until the batch holds groups with a reward spread only
+        (:func:`refill_groups`). Each round takes the sampler's next batch, so a checkpoint's
+        sampler position counts every prompt consumed. Collective."""
+        col, maker, n = self.colocation, self.maker, self.config.n_samples_per_prompt
+
+        def roll_out(round_index: int) -> ScoredGroups:
+            prompts = self.train_data.select(self.sampler.next_batch().indices)
+            params = attrs.evolve(maker.sampling, seed=self.rollout_seed(self.step, round_index))
+            # Level 1 at most: another round may follow, and level 2 would leave it stale weights.
+            results = col.rollout(lambda: maker.generate(prompts, params), sleep_level=1)
+            rewards = col.plain("rewards", lambda: maker.rate(prompts, results, n))
+            lengths = torch.tensor([len(result.output_token_ids) for result in results])
+            shaped = maker.shape(rewards.scores_tensor(), lengths)
+            return ScoredGroups(prompts=prompts, results=results, rewards=rewards, shaped=shaped)
+
+        return refill_groups(
+            roll_out,
+            max_rounds=self.config.generate_rounds,
+            global_sum=lambda values: sum_over_ranks(values, self.device),
+        )
 
     def train_step(self) -> dict[str, float]:
         """One iteration (DESIGN.md steps 1-11); returns rank-averaged metrics. Collective."""
         col, maker, n = self.colocation, self.maker, self.config.n_samples_per_prompt
         col.begin_iteration()
-        prompts = self.train_data.select(self.sampler.next_batch().indices)
-        params = attrs.evolve(maker.sampling, seed=self.rollout_seed(self.step))
-        results = col.rollout(lambda: maker.generate(prompts, params))
+        refill = self.dynamic_rollout() if self.config.dynamic_sampling else None
+        if refill is None:
+            prompts = self.train_data.select(self.sampler.next_batch().indices)
+            params = attrs.evolve(maker.sampling, seed=self.rollout_seed(self.step))
+            results = col.rollout(lambda: maker.generate(prompts, params))
+        else:
+            prompts, results = refill.batch.prompts, list(refill.batch.results)
         sequences = pack(results)
-        old = col.actor_pass(lambda: maker.logprobs(self.actor, sequences))
+        old = (
+            col.actor_pass(lambda: maker.logprobs(self.actor, sequences))
+            if self.old_logprob_pass
+            else None
+        )
         ref = col.reference_pass(lambda model: maker.logprobs(model, sequences))
-        scores, reward_metrics = col.plain("rewards", lambda: maker.score(prompts, results, n))
-        experience = col.plain("advantages", lambda: maker.make(sequences, scores, old, ref))
+        values = col.critic_pass(
+            lambda model: critic_values(
+                model, sequences, micro_batch_size=maker.micro_batch_size, device=self.device
+            )
+        )
+        if refill is None:
+            rewards = col.plain("rewards", lambda: maker.rate(prompts, results, n))
+            shaped = maker.shape(rewards.scores_tensor(), sequences.action_mask.sum(-1))
+        else:
+            rewards, shaped = refill.batch.rewards, refill.batch.shaped
+        engine = None
+        if self.config.use_tis:
+            engine = pack_engine_logprobs(results, sequences.action_mask.shape[1])
+        experience = col.plain(
+            "advantages",
+            lambda: maker.make(sequences, shaped, old, ref, values=values, engine_logprobs=engine),
+        )
         self.buffer.clear()
         self.buffer.append(experience)
         policy_metrics = col.policy(
             lambda: self.update.run(self.actor, self.buffer, step=self.step, device=self.device)
         )
+        critic_metrics = col.critic_update(
+            lambda model: self.critic_update.run(
+                model, self.buffer, step=self.step, device=self.device
+            )
+        )
         self.step += 1
         col.sync(version=self.step)
+        if self.trajectories is not None and self.trajectories.due(self.step):
+            records = sample_records(
+                step=self.step,
+                rank=self.rank,
+                prompts=prompts,
+                results=results,
+                rewards=rewards,
+                experience=experience,
+                decode=maker.decode,
+                kl_estimator=maker.kl_estimator,
+            )
+            self.trajectories.write(self.step, records)
         lengths = sequences.action_mask.sum(-1).float()
+        # Over every response generated: under dynamic sampling the trained batch is a filtered
+        # subset, which would misreport how well the policy does.
+        generated = rewards if refill is None else refill.generated
+        scores = generated.scores_tensor()
         local = {
             "train/reward_mean": float(scores.mean()),
             "train/accuracy": float((scores > 0).float().mean()),
             "train/response_length": float(lengths.mean()),
-            **reward_metrics,
+            **reward_means(generated),
+            **({} if refill is None else refill.metrics),
+            **self._shaping_metrics(rewards.scores_tensor(), shaped),
             **experience.metrics,
             **policy_metrics,
+            **(critic_metrics or {}),
             **col.records,
         }
         return mean_over_ranks(local)
+
+    def _shaping_metrics(self, scores: torch.Tensor, shaped: torch.Tensor) -> dict[str, float]:
+        if self.config.overlong_buffer_len is None:
+            return {}
+        return {"reward/overlong_penalty": float((shaped - scores).mean())}
 
     def evaluate(self) -> dict[str, float]:
         """Greedy held-out score. Touches no buffer, statistics, parameters or sampler."""
@@ -185,10 +337,9 @@ class RLTrainer:
             name="eval_generate",
             sleep_level=EVAL_SLEEP_LEVEL,
         )
-        if prompts:
-            scores, _ = self.maker.score(prompts, results, 1)
-        else:
-            scores = torch.zeros(0)
+        # Every rank scores, also one with no prompts: a sharded reward model's forward is
+        # collective, and its ranks must call it alike.
+        scores, _ = self.maker.score(prompts, results, 1)
         total, correct, count = sum_over_ranks(
             [float(scores.sum()), float((scores > 0).sum()), float(len(scores))], self.device
         )
@@ -205,6 +356,9 @@ class RLTrainer:
             "reward_moments": attrs.asdict(self.maker.reward_moments),
             "data_fingerprint": self.train_data.fingerprint,
             "world_size": self.world_size,
+            # A resumed job logs into the same W&B run, so its curves continue instead of
+            # restarting in a new run.
+            "wandb_run_id": None if self.metrics.wandb is None else self.metrics.wandb.run_id,
         }
         with self.colocation.optimizer_resident():
             return ckpt.save_checkpoint(
@@ -213,6 +367,7 @@ class RLTrainer:
                 actor=self.actor,
                 manifest=manifest,
                 max_keep=self.config.max_ckpt_num,
+                critic=self.critic,
             )
 
     def resume(self) -> bool:
@@ -222,7 +377,7 @@ class RLTrainer:
             self._say(f"no checkpoint under {self.config.checkpoint_dir}: starting from step 0")
             return False
         with self.colocation.optimizer_resident():
-            manifest = ckpt.load_checkpoint(latest, self.actor)
+            manifest = ckpt.load_checkpoint(latest, self.actor, self.critic)
         if manifest["data_fingerprint"] != self.train_data.fingerprint:
             raise ConfigError(
                 f"checkpoint {latest} was written for other prompts (data fingerprint "
@@ -231,6 +386,9 @@ class RLTrainer:
         self.sampler.load_state_dict(manifest["sampler"])
         self.maker.reward_moments = RunningMoments(**manifest["reward_moments"])
         self.step = int(manifest["step"])
+        run_id = manifest.get("wandb_run_id")
+        if run_id is not None and self.metrics.wandb is not None:
+            self.metrics.wandb.continue_run(str(run_id))
         self._say(f"resumed from {latest} at step {self.step}")
         return True
 
@@ -239,40 +397,47 @@ class RLTrainer:
     def fit(self) -> FitResult:
         """All iterations, evaluations, checkpoints and the export. Collective."""
         try:
-            return self._fit()
-        finally:
-            # Also on failure: the TensorBoard event file is complete up to the last record.
-            self.metrics.close()
+            result = self._fit()
+        except BaseException:
+            # The TensorBoard event file stays complete up to the last record, and W&B marks
+            # the run failed instead of leaving it "running".
+            self.console.close()
+            self.metrics.close(failed=True)
+            raise
+        self.console.close()
+        self.metrics.close()
+        return result
 
     def _fit(self) -> FitResult:
         start = time.perf_counter()
         if self.config.load_checkpoint:
             self.resume()
+        if self.metrics.wandb is not None:
+            self.metrics.wandb.start()  # after resume: it may continue the checkpoint's run
+        if self.trajectories is not None:
+            self.trajectories.discard_after(self.step)
         self.colocation.sync(version=self.step)
         first: dict[str, float] | None = None
         last: dict[str, float] | None = None
         if self.step == 0 and self.eval_data is not None:
             first = last = self._evaluate_and_log()
         total = self.total_steps
-        while self.step < total:
+        self.console.start(total=total, initial=self.step)
+        while self.step < total and not self.data_exhausted:
             began = time.perf_counter()
             metrics = self.train_step()
             metrics["time/step_s"] = time.perf_counter() - began
             self.metrics.log(self.step, "train", metrics)
-            self._say(
-                f"step {self.step}/{total}  reward {metrics['train/reward_mean']:.3f}  "
-                f"length {metrics['train/response_length']:.1f}  "
-                f"{metrics['time/step_s']:.1f}s  elapsed {time.perf_counter() - start:.0f}s"
-            )
+            self.console.step(self.step, total, metrics, time.perf_counter() - start)
             every = self.config.eval_steps
-            if self.eval_data is not None and (
-                (every > 0 and self.step % every == 0) or self.step == total
-            ):
+            finished = self.step == total or self.data_exhausted
+            if self.eval_data is not None and ((every > 0 and self.step % every == 0) or finished):
                 last = self._evaluate_and_log()
                 first = first if first is not None else last
             if self.config.save_steps > 0 and self.step % self.config.save_steps == 0:
                 path = self.save_checkpoint()
                 self._say(f"checkpoint {path}")
+        self.console.close()  # what follows prints below the finished bar
         self._finish()
         return FitResult(
             steps=self.step, first_eval=first, last_eval=last, seconds=time.perf_counter() - start

@@ -9,6 +9,7 @@ from typing import cast
 import pytest
 import torch
 
+from lrft.api.errors import ConfigError
 from lrft.api.protocols import TrainableModel
 from lrft.trainer.checkpoint import (
     checkpoint_steps,
@@ -86,3 +87,23 @@ def test_rewriting_a_step_replaces_it_whole(tmp_path: Path) -> None:
     save_checkpoint(tmp_path, step=1, actor=_actor(5), manifest={"v": 2}, max_keep=3)
     assert read_manifest(tmp_path / "global_step1")["v"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step1"]
+
+
+def test_the_critic_is_saved_and_restored_beside_the_actor(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, step=1, actor=_actor(1), manifest={}, max_keep=1, critic=_actor(7))
+    actor, critic = FakeActor(0), FakeActor(0)
+    load_checkpoint(
+        tmp_path / "global_step1", cast(TrainableModel, actor), cast(TrainableModel, critic)
+    )
+    assert (actor.value.item(), critic.value.item()) == (1.0, 7.0)
+
+
+def test_resuming_with_a_critic_from_a_run_without_one_is_refused(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path / "plain", step=1, actor=_actor(1), manifest={}, max_keep=1)
+    with pytest.raises(ConfigError, match=r"has no critic, but this run trains one"):
+        load_checkpoint(tmp_path / "plain" / "global_step1", _actor(0), _actor(0))
+    save_checkpoint(
+        tmp_path / "ppo", step=1, actor=_actor(1), manifest={}, max_keep=1, critic=_actor(2)
+    )
+    with pytest.raises(ConfigError, match=r"holds a critic, but this run trains none"):
+        load_checkpoint(tmp_path / "ppo" / "global_step1", _actor(0))

@@ -12,9 +12,10 @@ import pytest
 from lrft.api.errors import ConfigError
 from lrft.cli import config_from_args, main
 from lrft.cli.flags import FLAGS
-from lrft.trainer.config import TrainConfig
-from lrft.trainer.demo import DEMO_SETTINGS
+from lrft.trainer.config import WANDB_SETTINGS, TrainConfig
+from lrft.trainer.demo import DEMO_CRITIC_SETTINGS, DEMO_SETTINGS
 from lrft.trainer.metrics import tensorboard_available
+from lrft.trainer.wandb_metrics import wandb_available
 
 MODEL = ["train", "--pretrain=m", "--prompt_data=p.jsonl", "--reward_fn=math"]
 
@@ -41,10 +42,82 @@ def test_engine_tp_size_beyond_the_engine_is_refused() -> None:
         TrainConfig(engine_tp_size=2)
 
 
+def test_vllm_missing_is_refused_before_starting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("lrft.trainer.config.vllm_available", lambda: False)
+    with pytest.raises(
+        ConfigError, match=r"engine_type 'vllm' needs .* pip install 'lrft\[vllm\]'"
+    ):
+        TrainConfig(engine_type="vllm")
+    assert main([*MODEL, "--engine_type=vllm"]) == 2
+    assert "pip install 'lrft[vllm]'" in capsys.readouterr().err
+
+
+def test_vllm_tp_size_is_bounded_by_the_world_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("lrft.trainer.config.vllm_available", lambda: True)
+    TrainConfig(engine_type="vllm", engine_tp_size=4).validate_world(4)
+    with pytest.raises(ConfigError, match=r"world size 2 is not divisible by engine_tp_size 4"):
+        TrainConfig(engine_type="vllm", engine_tp_size=4).validate_world(2)
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"advantage_estimator": "gae"}, r"'gae' is not supported .* critic"),
+        ({"engine_mem_util": 0.3}, r"engine_mem_util 0.3 sizes .* engine 'hf' reserves none"),
+        ({"engine_type": "vllm", "engine_mem_util": 0.0}, r"must be in \(0, 1\], got 0.0"),
+        ({"engine_type": "vllm", "engine_mem_util": 1.5}, r"must be in \(0, 1\], got 1.5"),
+    ],
+)
+def test_engine_mem_util_values_are_named(
+    monkeypatch: pytest.MonkeyPatch, changes: dict[str, object], message: str
+) -> None:
+    monkeypatch.setattr("lrft.trainer.config.vllm_available", lambda: True)
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(**changes)  # type: ignore[arg-type]
+
+
+def test_engine_memory_share_by_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("lrft.trainer.config.vllm_available", lambda: True)
+    unset = TrainConfig(engine_type="vllm")
+    set_ = TrainConfig(engine_type="vllm", engine_mem_util=0.3)
+    # a GPU per rank: LightRFT's default half, or the value given
+    assert unset.engine_memory_share(local_world_size=8, on_cuda=True, environ={}) == 0.5
+    assert set_.engine_memory_share(local_world_size=8, on_cuda=True, environ={}) == 0.3
+    # CPU: the ranks of a host share its memory
+    assert unset.engine_memory_share(local_world_size=4, on_cuda=False, environ={}) == 0.125
+    assert set_.engine_memory_share(local_world_size=3, on_cuda=False, environ={}) == 0.3
+    with pytest.raises(ConfigError, match=r"0.3 x 4 ranks on this host = 1.20 .* must be <= 1"):
+        set_.engine_memory_share(local_world_size=4, on_cuda=False, environ={})
+    kv_env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    with pytest.raises(ConfigError, match=r"0.3 would be ignored: VLLM_CPU_KVCACHE_SPACE=1 is set"):
+        set_.engine_memory_share(local_world_size=2, on_cuda=False, environ=kv_env)
+    assert set_.engine_memory_share(local_world_size=2, on_cuda=True, environ=kv_env) == 0.3
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"advantage_estimator": "ppo2"}, r"advantage_estimator 'ppo2' is unknown; choose one of"),
+        (
+            {"critic_pretrain": "c"},
+            r"critic_pretrain configures the critic, but advantage_estimator 'group_norm' trains "
+            r"none: critic settings need a value-based estimator \(gae\)",
+        ),
+        ({"critic_learning_rate": 1e-5}, r"critic_learning_rate configures the critic"),
+        ({"advantage_estimator": "rloo", "value_clip": 0.1}, r"value_clip configures the critic"),
+        (
+            {"advantage_estimator": "reinforce", "lambd": 0.9},
+            r"lambd is read only by the advantage estimators gae; advantage_estimator "
+            r"'reinforce' does not use it",
+        ),
+        ({"gamma": 0.9}, r"gamma is read only by .*gae.*; advantage_estimator 'group_norm' does"),
+        ({"advantage_estimator": "gae", "lambd": 1.5}, r"lambd must be in \[0, 1\], got 1.5"),
+        ({"advantage_estimator": "gae", "value_clip": -1.0}, r"value_clip must be >= 0, got -1.0"),
+        (
+            {"advantage_estimator": "gae", "critic_learning_rate": 0.0},
+            r"critic_learning_rate must be > 0, got 0.0",
+        ),
         ({"n_samples_per_prompt": 1, "train_batch_size": 32}, r"n_samples_per_prompt must be >= 2"),
         ({"use_kl_loss": True}, r"use_kl_loss needs init_kl_coef > 0"),
         ({"adam_offload": True, "fsdp_cpu_offload": True}, r"choose one"),
@@ -96,6 +169,26 @@ def test_no_model_means_the_demo_preset() -> None:
     assert config_from_args(["train", "--max_steps=3"]).max_steps == 3
 
 
+def test_gae_trains_a_critic_with_lightrft_defaults_and_the_demo_tunes_its_rate() -> None:
+    gae = TrainConfig(advantage_estimator="gae")
+    assert gae.uses_critic
+    assert not TrainConfig().uses_critic
+    assert (gae.advantage_params.gamma, gae.advantage_params.lambd) == (1.0, 0.95)
+    assert (gae.critic_lr, gae.value_clip_range) == (9e-6, 0.2)
+    assert TrainConfig(advantage_estimator="gae", value_clip=0.0).value_clip_range is None
+    custom = TrainConfig(
+        advantage_estimator="gae", gamma=0.9, lambd=0.5, critic_learning_rate=1e-4, value_clip=0.3
+    )
+    assert (custom.advantage_params.gamma, custom.advantage_params.lambd) == (0.9, 0.5)
+    assert (custom.critic_lr, custom.value_clip_range) == (1e-4, 0.3)
+    assert TrainConfig(advantage_estimator="reinforce", gamma=0.5).advantage_params.gamma == 0.5
+    demo = config_from_args(["train", "--advantage_estimator=gae"])
+    assert demo.critic_learning_rate == DEMO_CRITIC_SETTINGS["critic_learning_rate"]
+    assert config_from_args(["train"]).critic_learning_rate is None  # group_norm: no critic
+    chosen = config_from_args(["train", "--advantage_estimator=gae", "--critic_learning_rate=2e-3"])
+    assert chosen.critic_learning_rate == 2e-3
+
+
 def test_tensorboard_missing_is_refused_before_starting(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -119,7 +212,10 @@ def _non_default(name: str) -> list[str]:
     """A command line that sets ``name`` to something other than its default (still valid)."""
     special = {
         "use_kl_loss": ["--use_kl_loss", "--init_kl_coef=0.1"],
-        "engine_type": [],  # one engine: covered by test_engine_type_has_one_choice
+        # vllm's presence is patched in by the test (the main environment has none)
+        "engine_type": ["--engine_type=vllm"],
+        "engine_tp_size": ["--engine_type=vllm", "--engine_tp_size=2"],
+        "engine_mem_util": ["--engine_type=vllm", "--engine_mem_util=0.3"],
         "kl_estimator": ["--kl_estimator=k1"],
         "advantage_estimator": ["--advantage_estimator=rloo"],
         "train_batch_size": ["--train_batch_size=64"],
@@ -129,12 +225,41 @@ def _non_default(name: str) -> list[str]:
         "top_p": ["--top_p=0.5"],
         "reward_fn": ["--reward_fn=a:b"],
         "max_steps": ["--max_steps=2"],
-        "engine_tp_size": [],  # hf supports only 1: covered by the validation test
         "save_hf_model": ["--no-save_hf_model"],
         "zero_stage": ["--zero_stage=3"],
         "deepspeed_config": ["--zero_stage=3", "--deepspeed_config=ds.json"],
         # the default depends on the preset; without tensorboard the flag is an error (tested)
         "use_tensorboard": ["--use_tensorboard"] if tensorboard_available() else [],
+        "policy_loss_type": ["--policy_loss_type=gspo"],
+        "eps_clip_low_high": ["--eps_clip_low_high", "0.1", "0.3"],
+        "dual_clip": ["--dual_clip=3"],
+        "loss_agg_mode": ["--loss_agg_mode=seq-mean-token-sum"],
+        "tis_cap": ["--use_tis", "--tis_cap=3"],
+        "overlong_penalty_factor": ["--overlong_buffer_len=4", "--overlong_penalty_factor=0.5"],
+        "fire_first_token_temperature": ["--use_fire_sampling", "--fire_first_token_temperature=5"],
+        "max_num_gen_batches": ["--dynamic_sampling", "--max_num_gen_batches=2"],
+        # critic settings and lambd need gae, gamma an estimator that discounts (tested above)
+        "gamma": ["--advantage_estimator=reinforce", "--gamma=0.5"],
+        "lambd": ["--advantage_estimator=gae", "--lambd=0.5"],
+        "critic_pretrain": ["--advantage_estimator=gae", "--critic_pretrain=x"],
+        "critic_learning_rate": ["--advantage_estimator=gae", "--critic_learning_rate=0.5"],
+        "value_clip": ["--advantage_estimator=gae", "--value_clip=0.5"],
+        # where the W&B run goes needs --use_wandb, which needs wandb (both tested elsewhere)
+        **{
+            name: ["--use_wandb", f"--{name}=x"] if wandb_available() else []
+            for name in WANDB_SETTINGS
+        },
+        "use_wandb": ["--use_wandb"] if wandb_available() else [],
+        "save_trajectories_steps": ["--save_trajectories", "--save_trajectories_steps=7"],
+        "preset": ["--preset=smollm2"],
+        "cache_dir": ["--preset=smollm2", "--cache_dir=x"],
+        "remote_rm_url": ["--remote_rm_url=http://127.0.0.1:9/score"],
+        "remote_rm_timeout_s": ["--remote_rm_url=http://127.0.0.1:9/x", "--remote_rm_timeout_s=2"],
+        "remote_rm_max_attempts": [
+            "--remote_rm_url=http://127.0.0.1:9/x",
+            "--remote_rm_max_attempts=7",
+        ],
+        "reward_weights": ["--reward_weights=0.5"],
     }
     if name in special:
         return special[name]
@@ -149,8 +274,11 @@ def _non_default(name: str) -> list[str]:
     return [f"--{name}=x"]
 
 
-def test_every_flag_changes_the_config_and_is_read_by_the_trainer() -> None:
+def test_every_flag_changes_the_config_and_is_read_by_the_trainer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """No dead flags: each flag changes its field, and each field is read outside config.py."""
+    monkeypatch.setattr("lrft.trainer.config.vllm_available", lambda: True)
     baseline = config_from_args(MODEL)
     for flag in FLAGS:
         argv = _non_default(flag.name)
@@ -172,6 +300,6 @@ def test_every_flag_changes_the_config_and_is_read_by_the_trainer() -> None:
         assert re.search(rf"config\.{flag.name}\b|self\.{flag.name}\b", sources), flag.name
 
 
-def test_engine_type_has_one_choice() -> None:
+def test_engine_type_choices() -> None:
     flag = next(f for f in FLAGS if f.name == "engine_type")
-    assert flag.choices == ("hf",)
+    assert flag.choices == ("hf", "vllm")

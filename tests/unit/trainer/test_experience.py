@@ -116,4 +116,5 @@ def test_replay_buffer_covers_every_row_once_in_a_seeded_order() -> None:
     assert [len(mb) for mb in first] == [4, 4, 2]
     assert sorted(x for mb in first for x in mb) == list(range(10))
     for mb in buffer.micro_batches(3, epoch=0):  # rows keep their own tensors together
+        assert mb.old_logprobs is not None
         assert mb.old_logprobs[:, 0].tolist() == mb.scores.tolist()
