@@ -154,7 +154,7 @@ class StaticDecoder:
         self._device = device
         self._cuda_graphs = cuda_graphs
         self._check_every = check_every
-        output_weight = model.get_output_embeddings().weight  # type: ignore[operator]
+        output_weight = model.get_output_embeddings().weight  # type: ignore[operator]  # a transformers model, typed as a plain Module
         self._vocab = int(output_weight.shape[0])
         self._dtype: torch.dtype = output_weight.dtype
         # transformers 5.24 renamed the forward's ``past_key_values`` to ``cache`` (the old name
@@ -253,7 +253,7 @@ class StaticDecoder:
             self._reset_counters(slot)
             self._step(slot, mode)
             if self._capture_stream is None:
-                self._capture_stream = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]  # torch
+                self._capture_stream = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]  # unannotated in torch
             side = self._capture_stream
             side.wait_stream(torch.cuda.current_stream(self._device))
             with torch.cuda.stream(side):
