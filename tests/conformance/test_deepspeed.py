@@ -118,6 +118,11 @@ class TestZero3World2(DeepSpeedSuite):
     world_size = 2
 
 
+class TestZero3World4(DeepSpeedSuite):
+    zero_stage = 3
+    world_size = 4
+
+
 class TestZero3PersistentSmallParametersWorld2(DeepSpeedSuite):
     """DeepSpeed's default persistence threshold (1e5 elements) keeps every parameter of the tiny
     model whole on every rank: offload, gathering and checkpoints must handle persistent ones."""
@@ -180,6 +185,11 @@ class TestSyncZero3World1(DeepSpeedSyncSuite):
 class TestSyncZero3World2(DeepSpeedSyncSuite):
     zero_stage = 3
     world_size = 2
+
+
+class TestSyncZero3World4(DeepSpeedSyncSuite):
+    zero_stage = 3
+    world_size = 4
 
 
 # --- ZeRO-3 against FSDP2 ----------------------------------------------------------------------

@@ -41,3 +41,7 @@ class TestDirectSyncWorld1(DirectSyncSuite):
 
 class TestDirectSyncWorld2(DirectSyncSuite):
     world_size = 2
+
+
+class TestDirectSyncWorld4(DirectSyncSuite):
+    world_size = 4

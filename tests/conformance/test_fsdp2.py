@@ -58,6 +58,10 @@ class TestFSDP2World2(FSDP2Suite):
     world_size = 2
 
 
+class TestFSDP2World4(FSDP2Suite):
+    world_size = 4
+
+
 class TestFSDP2CpuOffloadWorld2(FSDP2Suite):
     world_size = 2
 
