@@ -42,12 +42,15 @@ ENGINE_SLEEP_LEVEL = 2
 """Training rollouts sleep at level 2: a weight sync always follows and reloads the weights."""
 
 
-def _hf_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> RolloutEngine:
-    chunk = config.micro_rollout_batch_size * config.n_samples_per_prompt
+def _rollout_dtype(info: RankInfo) -> torch.dtype:
     # The dtype the train backends compute in (bf16 mixed precision on CUDA, fp32 on the CPU),
     # so rollouts and training logprobs come from the same numerics.
-    dtype = torch.bfloat16 if info.device.type == "cuda" else torch.float32
-    engine_config = HFEngineConfig(dtype=dtype, max_batch_size=chunk)
+    return torch.bfloat16 if info.device.type == "cuda" else torch.float32
+
+
+def _hf_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> RolloutEngine:
+    chunk = config.micro_rollout_batch_size * config.n_samples_per_prompt
+    engine_config = HFEngineConfig(dtype=_rollout_dtype(info), max_batch_size=chunk)
     return HFRolloutEngine.from_pretrained(pretrain, config=engine_config)
 
 
@@ -58,9 +61,7 @@ def _vllm_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> RolloutE
 
     chunk = config.micro_rollout_batch_size * config.n_samples_per_prompt
     engine_config = VLLMEngineConfig(
-        # the trainer computes in fp32 (as the hf engine does), so rollout and training
-        # logprobs are of the same model
-        dtype=torch.float32,
+        dtype=_rollout_dtype(info),
         tp_size=config.engine_tp_size,
         max_model_len=(
             None
