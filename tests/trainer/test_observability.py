@@ -5,6 +5,7 @@ recomputation of the reward and of GRPO's advantages, and no step is kept twice.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -51,19 +52,26 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env = {**OFFLINE_ENV, "WANDB_DIR": ""}  # empty: wandb's files go under SAVE_PATH
     first = _run([*args, "--max_steps=3"], **env)
     assert first.returncode == 0, first.stderr[-3000:]
-    first_lines = len(read_metrics(save / "metrics.jsonl"))
+    first_lines = (save / "metrics.jsonl").read_bytes().splitlines(keepends=True)
     first_files = {
         step: trajectory_file(save / TRAJECTORY_DIR, step).read_bytes() for step in (1, 2, 3)
     }
     resumed = _run([*args, "--max_steps=4", "--load_checkpoint"], **env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # The resume drops the lines of step 3, which it logs again; those before stay byte for byte.
+    before = [line for line in first_lines if json.loads(line)["step"] <= 2]
+    assert len(before) < len(first_lines)
+    lines = (save / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    assert lines[: len(before)] == before
     metrics = read_metrics(save / "metrics.jsonl")
+    steps = [(r["step"], r["kind"]) for r in metrics]
+    assert len(steps) == len(set(steps)), steps
     return {
         "save": save,
         "first": first,
         "resumed": resumed,
-        "first_metrics": metrics[:first_lines],
-        "resumed_metrics": metrics[first_lines:],
+        "first_metrics": [json.loads(line) for line in first_lines],
+        "resumed_metrics": metrics[len(before) :],
         "first_files": first_files,
     }
 

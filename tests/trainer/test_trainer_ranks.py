@@ -123,6 +123,32 @@ def _ppo_phases_and_critic_placement(root: Path) -> list[str]:
     return list(colocation.order)
 
 
+def _host_resident_models_under_engine_sleep(root: Path) -> list[str]:
+    # FSDP2 cpu_offload moves nothing (no offload capability), so engine sleep must leave the
+    # host-resident reference and critic where they are instead of asking for an offload.
+    trainer = _trainer(
+        root,
+        [
+            "--fsdp_cpu_offload",
+            "--enable_engine_sleep",
+            "--init_kl_coef=0.05",
+            "--use_kl_loss",
+            "--advantage_estimator=gae",
+        ],
+    )
+    reference = trainer.colocation.reference
+    assert reference is not None
+    assert trainer.critic is not None
+    assert not trainer.colocation.offload_reference
+    trainer.colocation.sync(version=0)
+    metrics = trainer.train_step()
+    assert metrics["kl"] >= 0.0
+    assert "critic/value_loss" in metrics
+    for model in (reference, trainer.critic, trainer.actor):
+        assert model.placement.parameters == Location.HOST
+    return list(trainer.colocation.order)
+
+
 class TestTrainerRanks(DistributedSuite):
     world_size = 2
 
@@ -138,4 +164,11 @@ class TestTrainerRanks(DistributedSuite):
     ) -> None:
         root = pool.shared_dir / tmp_path.name
         orders = pool.run(_ppo_phases_and_critic_placement, root)
+        assert orders == [list(PHASES)] * 2
+
+    def test_cpu_offload_with_engine_sleep_keeps_host_resident_models_in_place(
+        self, pool: RankPool, tmp_path: Path
+    ) -> None:
+        root = pool.shared_dir / tmp_path.name
+        orders = pool.run(_host_resident_models_under_engine_sleep, root)
         assert orders == [list(PHASES)] * 2

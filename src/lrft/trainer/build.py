@@ -265,4 +265,7 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
         sleep_level=ENGINE_SLEEP_LEVEL if config.enable_engine_sleep else None,
         critic=critic,
         critic_offload=critic_offload,
+        # A backend that moves no parameters (FSDP2 cpu_offload) keeps them on the host already.
+        offload_reference=config.enable_engine_sleep
+        and ModelPart.PARAMETERS in backend.capabilities.offload,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,34 @@ class JsonlMetrics:
         with self.path.open("a", encoding="utf-8") as file:
             file.write(json.dumps(record, sort_keys=True) + "\n")
             file.flush()
+
+    def truncate_after(self, step: int) -> None:
+        """Drop the lines of steps after ``step``, keeping the others byte for byte.
+
+        A run resumed from its checkpoint at ``step`` logs the later steps again; without this
+        the file would hold them twice. The file is replaced in one rename, so a crash leaves
+        either the old or the new file. A line that does not parse is the torn last write of a
+        killed run, and goes too.
+        """
+        if not self.enabled or not self.path.exists():
+            return
+        lines = self.path.read_bytes().splitlines(keepends=True)
+        kept = [line for line in lines if _at_or_before(line, step)]
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        with temporary.open("wb") as file:
+            file.writelines(kept)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, self.path)
+
+
+def _at_or_before(line: bytes, step: int) -> bool:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    logged = record.get("step") if isinstance(record, dict) else None
+    return isinstance(logged, int) and logged <= step
 
 
 class TensorBoardMetrics:
@@ -98,6 +127,11 @@ class MetricsWriter:
     def path(self) -> Path:
         """The JSONL file."""
         return self.jsonl.path
+
+    def resume_at(self, step: int) -> None:
+        """A run resumed from its checkpoint at ``step``: drop the JSONL lines of later steps
+        (TensorBoard purges its own at the first :meth:`log`)."""
+        self.jsonl.truncate_after(step)
 
     def log(self, step: int, kind: str, values: Mapping[str, float]) -> None:
         self.jsonl.log(step, kind, values)

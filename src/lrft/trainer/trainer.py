@@ -102,7 +102,9 @@ class RLTrainer:
     Construction does no collective work; :meth:`fit` is collective over the default group.
     ``export`` writes the Hugging Face folder (collective); ``None`` skips it. ``critic`` is
     required exactly when the estimator is value-based (``config.uses_critic``);
-    ``critic_offload`` names the critic's parts kept on the host outside its phases.
+    ``critic_offload`` names the critic's parts kept on the host outside its phases, and
+    ``offload_reference`` keeps the reference's parameters on the host outside its pass (only
+    for a backend that declares parameter offload).
     """
 
     def __init__(
@@ -121,6 +123,7 @@ class RLTrainer:
         sleep_level: int | None = None,
         critic: TrainableModel | None = None,
         critic_offload: Collection[ModelPart] = (),
+        offload_reference: bool = False,
     ) -> None:
         if (critic is not None) != config.uses_critic:
             raise ConfigError(
@@ -147,7 +150,7 @@ class RLTrainer:
             sync=sync,
             device=device,
             sleep_level=sleep_level,
-            offload_reference=config.enable_engine_sleep and reference is not None,
+            offload_reference=offload_reference,
             offload_optimizer=config.adam_offload,
             critic=critic,
             critic_offload=critic_offload,
@@ -386,6 +389,7 @@ class RLTrainer:
         self.sampler.load_state_dict(manifest["sampler"])
         self.maker.reward_moments = RunningMoments(**manifest["reward_moments"])
         self.step = int(manifest["step"])
+        self.metrics.resume_at(self.step)
         run_id = manifest.get("wandb_run_id")
         if run_id is not None and self.metrics.wandb is not None:
             self.metrics.wandb.continue_run(str(run_id))

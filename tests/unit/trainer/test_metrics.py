@@ -79,6 +79,29 @@ def test_resumed_run_replaces_the_steps_after_its_checkpoint(tmp_path: Path) -> 
     ]
 
 
+def test_resume_drops_the_jsonl_lines_after_the_checkpoint_and_keeps_the_rest(
+    tmp_path: Path,
+) -> None:
+    interrupted = MetricsWriter(tmp_path, enabled=True, tensorboard=False)
+    for step in (1, 2, 3, 4):
+        interrupted.log(step, "train", {"train/reward_mean": step / 10})
+    interrupted.log(2, "eval", {"eval/accuracy": 0.5})  # an eval at the checkpoint's step
+    lines = (tmp_path / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    with (tmp_path / "metrics.jsonl").open("ab") as file:
+        file.write(b'{"kind": "train", "st')  # the torn last write of a killed run
+
+    MetricsWriter(tmp_path, enabled=False, tensorboard=False).resume_at(2)  # rank 1: no-op
+    assert (tmp_path / "metrics.jsonl").read_bytes().endswith(b'"st')
+    resumed = MetricsWriter(tmp_path, enabled=True, tensorboard=False)
+    resumed.resume_at(2)
+
+    assert (tmp_path / "metrics.jsonl").read_bytes() == b"".join([lines[0], lines[1], lines[4]])
+    assert not list(tmp_path.glob("*.tmp"))
+    resumed.log(3, "train", {"train/reward_mean": 0.03})
+    steps = [(r["step"], r["kind"]) for r in read_metrics(resumed.path)]
+    assert steps == [(1, "train"), (2, "train"), (2, "eval"), (3, "train")]
+
+
 def test_other_ranks_and_the_default_write_no_tensorboard(tmp_path: Path) -> None:
     MetricsWriter(tmp_path / "rank1", enabled=False, tensorboard=True).log(1, "train", {"a": 1.0})
     without = MetricsWriter(tmp_path / "rank0", enabled=True, tensorboard=False)
