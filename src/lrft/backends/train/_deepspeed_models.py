@@ -6,7 +6,7 @@ functions, so that importing this module (``lrft.backends.train.deepspeed`` does
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,9 +14,10 @@ import torch
 import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
-from lrft.api.errors import CapabilityNotSupported, LrftError
-from lrft.api.types import Location, ModelPart, Placement, StepReport
+from lrft.api.errors import LrftError
+from lrft.api.types import ModelPart, StepReport
 from lrft.backends.train import _deepspeed_memory as memory
+from lrft.backends.train._placement import OffloadableModel
 from lrft.backends.train.fsdp2 import hf_name
 
 if TYPE_CHECKING:
@@ -79,11 +80,13 @@ def gathered_buckets(
         yield _bucket_copies(bucket)
 
 
-class DeepSpeedFrozenModel:
+class DeepSpeedFrozenModel(OffloadableModel):
     """A model for inference: partitioned by a ZeRO-3 inference engine, or a plain replica.
 
     ``offload`` moves its parameters only: a ZeRO-3 model's shards, or the whole replica.
     """
+
+    _backend = NAME
 
     def __init__(
         self,
@@ -94,14 +97,10 @@ class DeepSpeedFrozenModel:
         movable: frozenset[ModelPart],
     ) -> None:
         """``module`` is the user's model; ``engine`` wraps it when ZeRO partitions it."""
+        super().__init__(movable=movable)
         self._inner = module
         self._engine = engine
         self._device = device
-        self._movable = movable & self._parts()
-        self._locations = dict.fromkeys(ModelPart, Location.DEVICE)
-
-    def _parts(self) -> frozenset[ModelPart]:
-        return frozenset({ModelPart.PARAMETERS})
 
     @property
     def module(self) -> torch.nn.Module:
@@ -113,11 +112,6 @@ class DeepSpeedFrozenModel:
         """The DeepSpeed engine wrapping the model, ``None`` for a plain replica."""
         return self._engine
 
-    @property
-    def placement(self) -> Placement:
-        where = self._locations[ModelPart.PARAMETERS]
-        return Placement(parameters=where, gradients=where, optimizer=where)
-
     def full_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Greedy in-order buckets of full tensors in Hugging Face names. Collective. ZeRO-3
         gathers one bucket at a time, on the device: partitioned parameters must be there."""
@@ -128,36 +122,6 @@ class DeepSpeedFrozenModel:
             self._require_on_device((ModelPart.PARAMETERS,), "full_weights of ZeRO-3 parameters")
         return gathered_buckets(named, bucket_bytes)
 
-    def offload(self, parts: Collection[ModelPart]) -> None:
-        checked = self._checked(parts)
-        self._before_offload(checked)
-        for part in checked:
-            if self._locations[part] is Location.DEVICE:
-                self._move_part(part, to_host=True)
-                self._locations[part] = Location.HOST
-
-    def reload(self, parts: Collection[ModelPart]) -> None:
-        for part in self._checked(parts):
-            if self._locations[part] is Location.HOST:
-                self._move_part(part, to_host=False)
-                self._locations[part] = Location.DEVICE
-        self._after_reload()
-
-    def _before_offload(self, parts: Collection[ModelPart]) -> None:
-        """Hook for state that must be set aside before ``parts`` move."""
-
-    def _after_reload(self) -> None:
-        """Hook for state that can be restored once parts are back on the device."""
-
-    def _checked(self, parts: Collection[ModelPart]) -> list[ModelPart]:
-        parts = [ModelPart(part) for part in parts]
-        for part in parts:
-            if part not in self._movable:
-                raise CapabilityNotSupported(
-                    NAME, f"offload_{part.value}", f"{type(self).__name__} cannot move {part.value}"
-                )
-        return parts
-
     def _move_part(self, part: ModelPart, *, to_host: bool) -> None:
         assert part is ModelPart.PARAMETERS, part
         target = torch.device("cpu") if to_host else self._device
@@ -165,11 +129,6 @@ class DeepSpeedFrozenModel:
             self._inner.to(target)
         else:
             memory.move_partitions(self._engine, self._inner, target)
-
-    def _require_on_device(self, parts: Collection[ModelPart], action: str) -> None:
-        away = [part.value for part in parts if self._locations[part] is Location.HOST]
-        if away:
-            raise LrftError(f"{action} needs {', '.join(away)} on the device: reload them first")
 
 
 class DeepSpeedTrainableModel(DeepSpeedFrozenModel):
@@ -193,14 +152,6 @@ class DeepSpeedTrainableModel(DeepSpeedFrozenModel):
 
     def _parts(self) -> frozenset[ModelPart]:
         return frozenset(ModelPart)
-
-    @property
-    def placement(self) -> Placement:
-        return Placement(
-            parameters=self._locations[ModelPart.PARAMETERS],
-            gradients=self._locations[ModelPart.GRADIENTS],
-            optimizer=self._locations[ModelPart.OPTIMIZER],
-        )
 
     @property
     def engine(self) -> DeepSpeedEngine:
@@ -261,14 +212,11 @@ class DeepSpeedTrainableModel(DeepSpeedFrozenModel):
             raise LrftError(f"DeepSpeed could not load the checkpoint in {directory}")
         self._steps = int(client_state[_STEPS_KEY])
 
-    def _before_offload(self, parts: Collection[ModelPart]) -> None:
-        if ModelPart.PARAMETERS in parts or ModelPart.GRADIENTS in parts:
-            self._states.set_aside_grads()
+    def _set_aside_gradients(self) -> None:
+        self._states.set_aside_grads()
 
-    def _after_reload(self) -> None:
-        home = (ModelPart.PARAMETERS, ModelPart.GRADIENTS)
-        if all(self._locations[part] is Location.DEVICE for part in home):
-            self._states.restore_grads()
+    def _restore_gradients(self) -> None:
+        self._states.restore_grads()
 
     def _move_part(self, part: ModelPart, *, to_host: bool) -> None:
         if to_host:

@@ -11,9 +11,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 from torch.optim.lr_scheduler import LambdaLR
 
-from lrft.api.errors import CapabilityNotSupported, LrftError
-from lrft.api.types import Location, ModelPart, Placement, StepReport
+from lrft.api.types import Location, ModelPart, StepReport
 from lrft.backends.train import _fsdp2_checkpoint as checkpoint
+from lrft.backends.train._placement import OffloadableModel
 from lrft.dist.collectives import all_gather_into
 
 NAME = "fsdp2"
@@ -111,8 +111,10 @@ def _gather_rows(params: list[torch.Tensor], device: torch.device) -> list[torch
     return out
 
 
-class FSDP2FrozenModel:
+class FSDP2FrozenModel(OffloadableModel):
     """A model sharded with FSDP2 for inference. ``offload`` moves its parameters only."""
+
+    _backend = NAME
 
     def __init__(
         self,
@@ -124,26 +126,14 @@ class FSDP2FrozenModel:
     ) -> None:
         """``movable``: the parts the backend declares it can offload; ``host_resident``: FSDP2
         keeps every part on the host (CPUOffloadPolicy), so nothing needs the device."""
+        super().__init__(movable=movable, where=Location.HOST if host_resident else Location.DEVICE)
         self._module = module
         self._device = device
-        self._movable = movable & self._parts()
         self._host_resident = host_resident
-        where = Location.HOST if host_resident else Location.DEVICE
-        self._locations = dict.fromkeys(ModelPart, where)
-
-    def _parts(self) -> frozenset[ModelPart]:
-        return frozenset({ModelPart.PARAMETERS})
 
     @property
     def module(self) -> torch.nn.Module:
         return self._module
-
-    @property
-    def placement(self) -> Placement:
-        """A frozen model has no gradients or optimizer state: they are reported where its
-        parameters are."""
-        where = self._locations[ModelPart.PARAMETERS]
-        return Placement(parameters=where, gradients=where, optimizer=where)
 
     def full_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Greedy in-order buckets of gathered parameters, on the device (gathered there even
@@ -167,48 +157,19 @@ class FSDP2FrozenModel:
         if bucket:
             yield gather_full(bucket, self._device)
 
-    def offload(self, parts: Collection[ModelPart]) -> None:
-        checked = self._checked(parts)
-        self._before_offload(checked)
-        for part in checked:
-            if self._locations[part] is Location.DEVICE:
-                self._move_part(part, torch.device("cpu"))
-                self._locations[part] = Location.HOST
+    def _destination(self, to_host: bool) -> torch.device:
+        return torch.device("cpu") if to_host else self._device
 
-    def reload(self, parts: Collection[ModelPart]) -> None:
-        for part in self._checked(parts):
-            if self._locations[part] is Location.HOST:
-                self._move_part(part, self._device)
-                self._locations[part] = Location.DEVICE
-        self._after_reload()
-
-    def _before_offload(self, parts: Collection[ModelPart]) -> None:
-        """Hook for state that must be set aside before ``parts`` move."""
-
-    def _after_reload(self) -> None:
-        """Hook for state that can be restored once parts are back on the device."""
-
-    def _checked(self, parts: Collection[ModelPart]) -> list[ModelPart]:
-        parts = [ModelPart(part) for part in parts]
-        for part in parts:
-            if part not in self._movable:
-                raise CapabilityNotSupported(
-                    NAME, f"offload_{part.value}", f"{type(self).__name__} cannot move {part.value}"
-                )
-        return parts
-
-    def _move_part(self, part: ModelPart, device: torch.device) -> None:
+    def _move_part(self, part: ModelPart, *, to_host: bool) -> None:
         assert part is ModelPart.PARAMETERS, part
         # FSDPModule._apply reshards first and re-registers the moved shards with FSDP; the
         # Parameter objects are swapped in place, so the optimizer's references stay valid.
-        self._module.to(device)
+        self._module.to(self._destination(to_host))
 
     def _require_on_device(self, parts: Collection[ModelPart], action: str) -> None:
-        if self._host_resident:
-            return
-        away = [part.value for part in parts if self._locations[part] is Location.HOST]
-        if away:
-            raise LrftError(f"{action} needs {', '.join(away)} on the device: reload them first")
+        # CPUOffloadPolicy: every part lives on the host and FSDP2 brings it over for each use.
+        if not self._host_resident:
+            super()._require_on_device(parts, action)
 
 
 class FSDP2TrainableModel(FSDP2FrozenModel):
@@ -237,14 +198,6 @@ class FSDP2TrainableModel(FSDP2FrozenModel):
 
     def _parts(self) -> frozenset[ModelPart]:
         return frozenset(ModelPart)
-
-    @property
-    def placement(self) -> Placement:
-        return Placement(
-            parameters=self._locations[ModelPart.PARAMETERS],
-            gradients=self._locations[ModelPart.GRADIENTS],
-            optimizer=self._locations[ModelPart.OPTIMIZER],
-        )
 
     @property
     def optimizer(self) -> torch.optim.AdamW:
@@ -289,7 +242,8 @@ class FSDP2TrainableModel(FSDP2FrozenModel):
         self._require_on_device((ModelPart.PARAMETERS, ModelPart.OPTIMIZER), "load")
         self._steps = checkpoint.load(directory, self._module, self._optimizer, self._scheduler)
 
-    def _move_part(self, part: ModelPart, device: torch.device) -> None:
+    def _move_part(self, part: ModelPart, *, to_host: bool) -> None:
+        device = self._destination(to_host)
         if part is ModelPart.OPTIMIZER:
             for state in self._optimizer.state.values():
                 for key, value in state.items():
@@ -302,23 +256,19 @@ class FSDP2TrainableModel(FSDP2FrozenModel):
             for param, grad in self._detached_grads.items():
                 self._detached_grads[param] = grad.to(device)
         else:
-            super()._move_part(part, device)
+            super()._move_part(part, to_host=to_host)
 
-    def _before_offload(self, parts: Collection[ModelPart]) -> None:
-        # module.to() would carry .grad along with the parameters, and a .grad must live on its
-        # parameter's device: set gradients aside while either of them is off the device.
-        if ModelPart.PARAMETERS in parts or ModelPart.GRADIENTS in parts:
-            for param in self._params:
-                if param.grad is not None:
-                    self._detached_grads[param] = param.grad
-                    param.grad = None
+    def _set_aside_gradients(self) -> None:
+        # module.to() would otherwise carry .grad along with the parameters.
+        for param in self._params:
+            if param.grad is not None:
+                self._detached_grads[param] = param.grad
+                param.grad = None
 
-    def _after_reload(self) -> None:
-        home = (ModelPart.PARAMETERS, ModelPart.GRADIENTS)
-        if all(self._locations[part] is Location.DEVICE for part in home):
-            for param, grad in self._detached_grads.items():
-                param.grad = grad
-            self._detached_grads.clear()
+    def _restore_gradients(self) -> None:
+        for param, grad in self._detached_grads.items():
+            param.grad = grad
+        self._detached_grads.clear()
 
 
 @torch.no_grad()

@@ -1,14 +1,18 @@
-"""Start-up shared by the train backends: the process group they need, the device they compute
-on, and whether they compute in bf16."""
+"""What the train backends share: at start-up, the process group they need, the device they
+compute on and whether they compute in bf16; afterwards, the bookkeeping of where each part of the
+models they return lives."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
 
-from lrft.api.errors import ConfigError
+from lrft.api.errors import CapabilityNotSupported, ConfigError, LrftError
+from lrft.api.types import Location, ModelPart, Placement
 
 
 def require_process_group(backend: str) -> None:
@@ -41,3 +45,83 @@ def resolve_mixed_precision(requested: bool | None, device: torch.device, settin
             "is available"
         )
     return on_cuda if requested is None else requested
+
+
+class OffloadableModel:
+    """Where each part of a backend's model lives, and ``offload``/``reload`` over it.
+
+    A subclass names its backend (``_backend``, which ``CapabilityNotSupported`` reports), says
+    which parts it has (``_parts``) and how one part moves (``_move_part``). Moving a part that is
+    already where it is asked to go does nothing. A ``.grad`` must live on its parameter's device,
+    so gradients are set aside while either of them is off the device (``_set_aside_gradients``)
+    and put back once both are home (``_restore_gradients``).
+    """
+
+    _backend: ClassVar[str]
+
+    def __init__(self, *, movable: frozenset[ModelPart], where: Location = Location.DEVICE) -> None:
+        """``movable``: the parts the backend declares it can offload; ``where``: every part's
+        location at the start."""
+        self._movable = movable & self._parts()
+        self._locations = dict.fromkeys(ModelPart, where)
+
+    def _parts(self) -> frozenset[ModelPart]:
+        """The parts this model has: a frozen model has only parameters."""
+        return frozenset({ModelPart.PARAMETERS})
+
+    @property
+    def placement(self) -> Placement:
+        """A part the model lacks (a frozen model's gradients and optimizer state) is reported
+        where its parameters are."""
+
+        def where(part: ModelPart) -> Location:
+            return self._locations[part if part in self._parts() else ModelPart.PARAMETERS]
+
+        return Placement(
+            parameters=where(ModelPart.PARAMETERS),
+            gradients=where(ModelPart.GRADIENTS),
+            optimizer=where(ModelPart.OPTIMIZER),
+        )
+
+    def offload(self, parts: Collection[ModelPart]) -> None:
+        checked = self._checked(parts)
+        if ModelPart.PARAMETERS in checked or ModelPart.GRADIENTS in checked:
+            self._set_aside_gradients()
+        for part in checked:
+            if self._locations[part] is Location.DEVICE:
+                self._move_part(part, to_host=True)
+                self._locations[part] = Location.HOST
+
+    def reload(self, parts: Collection[ModelPart]) -> None:
+        for part in self._checked(parts):
+            if self._locations[part] is Location.HOST:
+                self._move_part(part, to_host=False)
+                self._locations[part] = Location.DEVICE
+        home = (ModelPart.PARAMETERS, ModelPart.GRADIENTS)
+        if all(self._locations[part] is Location.DEVICE for part in home):
+            self._restore_gradients()
+
+    def _set_aside_gradients(self) -> None:
+        """Hook: detach the gradients from their parameters (a frozen model has none)."""
+
+    def _restore_gradients(self) -> None:
+        """Hook: give the gradients set aside back to their parameters."""
+
+    def _checked(self, parts: Collection[ModelPart]) -> list[ModelPart]:
+        parts = [ModelPart(part) for part in parts]
+        for part in parts:
+            if part not in self._movable:
+                raise CapabilityNotSupported(
+                    self._backend,
+                    f"offload_{part.value}",
+                    f"{type(self).__name__} cannot move {part.value}",
+                )
+        return parts
+
+    def _move_part(self, part: ModelPart, *, to_host: bool) -> None:
+        raise NotImplementedError
+
+    def _require_on_device(self, parts: Collection[ModelPart], action: str) -> None:
+        away = [part.value for part in parts if self._locations[part] is Location.HOST]
+        if away:
+            raise LrftError(f"{action} needs {', '.join(away)} on the device: reload them first")
