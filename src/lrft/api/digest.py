@@ -2,113 +2,359 @@
 
 Weight sync verifies an engine by comparing the fingerprint of each tensor the engine holds (read
 back from its own parameters) with the fingerprint of the tensor the trainer sent. Hashing on the
-host would copy every weight off the device, so the fingerprint is two wrapping 64-bit sums over
-the tensor's bytes read as 32-bit words — a plain one and a position-weighted one — computed where
-the tensor lives. Any single changed word changes the plain sum; moved or swapped words change
-the weighted one. It detects corruption and stale weights; it is not a cryptographic hash.
+host would copy every weight off the device, so the fingerprint is two wrapping 64-bit sums
+computed where the tensor lives. It detects corruption and stale weights; it is not a
+cryptographic hash.
+
+Definition. The words ``w_p`` of a tensor are its bytes (contiguous, row-major, native
+little-endian) read as signed 32-bit integers, the last word zero-padded; ``p`` counts words from
+0. Then ``plain = sum(w_p) mod 2**64`` and ``weighted = sum((2p + 1) * w_p) mod 2**64``; both are
+0 for an empty tensor. Any single changed word changes ``plain`` (its odd weight keeps the change
+non-zero modulo ``2**64`` in ``weighted`` too); swapping words ``p`` and ``p'`` changes
+``weighted`` by ``2 (p - p') (w_p' - w_p)``, never a multiple of ``2**64`` for different words
+less than ``2**31`` words apart. The fingerprint string is ``"{dtype}[{dims}]:{plain:016x}{weighted:016x}"``.
+
+Computation. A list of tensors costs a fixed number of kernels per group of up to
+:data:`STAGING_BYTES`, however many tensors it holds: their bytes are copied (one fused copy) into
+a zeroed buffer of rows of :data:`ROW_WORDS` words, each tensor starting on a row, and every row is
+reduced at once. A row viewed as a 64 x 64 block gives, for the word at ``(i, j)``, the position
+``4096 q + 64 i + j`` (``q`` being the row's index within its tensor), so the row's weighted sum
+is ``8192 q * plain_row + sum_i 128 i * across_i + sum_j (2j + 1) * down_j`` from its 64 row sums
+(``across``) and 64 column sums (``down``). Each row's two sums are then added to its tensor's
+entry. The sums are read back on the host only when :class:`PendingDigests` resolves them.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 import torch
 
+ROW_WORDS = 4096
+"""Words in one row of a staging buffer; every tensor starts at a row boundary."""
+STAGING_BYTES = 64 << 20
+"""The largest staging buffer :func:`digest_sums_many` allocates; larger inputs are split."""
+
+_ROW_BYTES = ROW_WORDS * 4
+# A row viewed as a (_SIDE, _SIDE) block needs 2 * _SIDE weights instead of one per word.
+_SIDE = 64
 _MASK = (1 << 64) - 1
-# Bounded weights keep each product far below 2**63; only the running sums wrap.
-_WEIGHT_PERIOD = 1 << 20
-# The position weights of one period, per device (8 MiB each), made once.
-_WEIGHTS: dict[torch.device, torch.Tensor] = {}
+# The block's row and column weights, per device, made once.
+_SIDE_WEIGHTS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _words(tensor: torch.Tensor) -> torch.Tensor:
-    raw = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-    pad = (-raw.numel()) % 4
-    if pad:
-        raw = torch.cat([raw, raw.new_zeros(pad)])
-    return raw.view(torch.int32)
+class _Piece(NamedTuple):
+    """``rows`` rows of tensor ``tensor``, from its row ``first_row``, staged at row ``row``."""
+
+    tensor: int
+    row: int
+    first_row: int
+    rows: int
+    nbytes: int
 
 
-def _weights(length: int, device: torch.device) -> torch.Tensor:
-    """``2 * position + 1`` for the first ``length`` positions of a period, on ``device``."""
-    cached = _WEIGHTS.get(device)
+def _rows_of(nbytes: int) -> int:
+    return -(-nbytes // _ROW_BYTES)
+
+
+def _side_weights(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    cached = _SIDE_WEIGHTS.get(device)
     if cached is None:
-        cached = torch.arange(_WEIGHT_PERIOD, device=device, dtype=torch.int64) * 2 + 1
-        _WEIGHTS[device] = cached
-    return cached[:length]
+        side = torch.arange(_SIDE, dtype=torch.int64, device=device)
+        cached = (side * (2 * _SIDE), side * 2 + 1)
+        _SIDE_WEIGHTS[device] = cached
+    return cached
 
 
-def digest_sums(tensor: torch.Tensor) -> torch.Tensor:
-    """The fingerprint's sums as three int64 on ``tensor``'s device, without a host sync:
-    the plain sum, and the weighted sum split as ``low + 2**32 * high`` (:func:`format_digest`
-    joins them on the host).
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if device.type == "cuda":
+        # A blocking copy from pageable memory waits for every kernel queued before it; a pinned
+        # non-blocking one is only queued, so the digests stay free of host syncs.
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
-    Position ``p``'s weight depends only on ``p mod 2**20``, so the words are summed down the
-    columns of a ``(-1, 2**20)`` view first (one pass over the tensor) and weighted once per
-    column; each column sum is split into 32-bit halves so that no product overflows.
+
+def _row_index(pieces: Sequence[_Piece], device: torch.device) -> torch.Tensor:
+    """``(2, rows)`` int64 on ``device``: each staged row's tensor, and ``2 * ROW_WORDS * q``
+    for its index ``q`` within that tensor (``pieces`` cover rows 0, 1, ... in order)."""
+    if not pieces:
+        return torch.zeros((2, 0), dtype=torch.int64, device=device)
+    tensors = torch.tensor([piece.tensor for piece in pieces], dtype=torch.int64)
+    counts = torch.tensor([piece.rows for piece in pieces], dtype=torch.int64)
+    # row - (start of the piece in the buffer - its first row in the tensor) = row in the tensor
+    shift = torch.tensor([piece.row - piece.first_row for piece in pieces], dtype=torch.int64)
+    local = torch.arange(pieces[-1].row + pieces[-1].rows) - shift.repeat_interleave(counts)
+    host = torch.stack([tensors.repeat_interleave(counts), local * (2 * ROW_WORDS)])
+    return _to_device(host, device)
+
+
+def _add_row_sums(words: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
+    """Adds the sums of each row of ``words`` (``(rows, ROW_WORDS)`` int32) to ``out[tensor]``
+    (``(k, 2)`` int64) of the tensor ``index`` names for it (see :func:`_row_index`).
+
+    int64 products and sums wrap in two's complement: that is the definition's arithmetic
+    modulo ``2**64``, not an overflow to avoid. Integer addition is exact and order-independent,
+    so ``index_add_`` is deterministic on every device.
     """
-    words = _words(tensor)
-    count = words.numel()
-    full = count - count % _WEIGHT_PERIOD
-    if full == 0:
-        columns = words.to(torch.int64)
+    by_row, by_column = _side_weights(words.device)
+    block = words.view(-1, _SIDE, _SIDE)
+    if words.is_cuda:
+        # Reductions that accumulate in int64 read each word once.
+        across = block.sum(2, dtype=torch.int64)
+        down = block.sum(1, dtype=torch.int64)
     else:
-        columns = words[:full].view(-1, _WEIGHT_PERIOD).sum(0, dtype=torch.int64)
-        tail = words[full:]
-        if tail.numel():
-            columns[: tail.numel()] += tail
-    weights = _weights(columns.numel(), columns.device)
-    low = (columns & 0xFFFFFFFF) * weights
-    high = (columns >> 32) * weights
-    return torch.stack([columns.sum(), low.sum(), high.sum()])
+        # On the host one shared int64 copy is faster than two widening reductions.
+        wide = block.to(torch.int64)
+        across = wide.sum(2)
+        down = wide.sum(1)
+    plain = across.sum(1)
+    weighted = torch.addcmul((across * by_row).sum(1) + (down * by_column).sum(1), index[1], plain)
+    out.index_add_(0, index[0], torch.stack([plain, weighted], dim=1))
+
+
+def _device_of(tensors: Sequence[torch.Tensor]) -> torch.device:
+    if not tensors:
+        return torch.device("cpu")
+    device = tensors[0].device
+    for position, tensor in enumerate(tensors):
+        if tensor.device != device:
+            raise ValueError(
+                f"digest_sums_many needs every tensor on one device: tensor 0 is on {device}, "
+                f"tensor {position} on {tensor.device}"
+            )
+    return device
+
+
+def _groups(sizes: Sequence[int], capacity: int) -> list[list[_Piece]]:
+    """Row-aligned pieces of tensors of ``sizes`` bytes, in groups of at most ``capacity`` rows;
+    a tensor that does not fit the rest of a group continues in the next one."""
+    groups: list[list[_Piece]] = []
+    pieces: list[_Piece] = []
+    used = 0
+    for tensor, nbytes in enumerate(sizes):
+        rows = _rows_of(nbytes)
+        done = 0
+        while done < rows:
+            if used == capacity:
+                groups.append(pieces)
+                pieces, used = [], 0
+            take = min(rows - done, capacity - used)
+            end = min(nbytes, (done + take) * _ROW_BYTES)
+            pieces.append(_Piece(tensor, used, done, take, end - done * _ROW_BYTES))
+            used += take
+            done += take
+    if pieces:
+        groups.append(pieces)
+    return groups
+
+
+def digest_sums_many(
+    tensors: Sequence[torch.Tensor], *, staging_bytes: int = STAGING_BYTES
+) -> torch.Tensor:
+    """The fingerprint sums ``(plain, weighted)`` of every tensor, as a ``(len(tensors), 2)``
+    int64 tensor on their device (one device for all), without a host sync.
+
+    The tensors are copied into a staging buffer of at most ``staging_bytes``; they may be
+    released or overwritten as soon as this returns.
+    """
+    return DigestPlan(tensors, staging_bytes=staging_bytes).sums()
+
+
+class DigestPlan:
+    """The fingerprints of a fixed list of tensors, taken again and again: the staging layout,
+    the byte views of every tensor and the row index are made once, so that each :meth:`sums`
+    costs a fixed number of kernels per staging group and no work per tensor.
+
+    The plan reads the tensors' storage as it was when the plan was made: a tensor whose data is
+    replaced (``param.data = ...``) needs a new plan. It holds a staging buffer of up to
+    ``staging_bytes`` on the tensors' device while it lives.
+    """
+
+    def __init__(
+        self, tensors: Sequence[torch.Tensor], *, staging_bytes: int = STAGING_BYTES
+    ) -> None:
+        capacity = staging_bytes // _ROW_BYTES
+        if capacity < 1:
+            raise ValueError(
+                f"staging_bytes {staging_bytes} is smaller than one row of {_ROW_BYTES} bytes"
+            )
+        self.device = _device_of(tensors)
+        self.count = len(tensors)
+        raw = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
+        groups = _groups([r.numel() for r in raw], capacity)
+        largest = max((group[-1].row + group[-1].rows for group in groups), default=0)
+        self._staging = torch.empty(largest * _ROW_BYTES, dtype=torch.uint8, device=self.device)
+        self._groups: list[
+            tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor]
+        ]
+        self._groups = []
+        for pieces in groups:
+            rows = pieces[-1].row + pieces[-1].rows
+            buffer = self._staging[: rows * _ROW_BYTES]
+            targets = [buffer[p.row * _ROW_BYTES : p.row * _ROW_BYTES + p.nbytes] for p in pieces]
+            sources = [
+                raw[p.tensor][p.first_row * _ROW_BYTES : p.first_row * _ROW_BYTES + p.nbytes]
+                for p in pieces
+            ]
+            self._groups.append((buffer, targets, sources, _row_index(pieces, self.device)))
+
+    def sums(self) -> torch.Tensor:
+        """The fingerprint sums of what the tensors hold now, ``(count, 2)`` int64 on their
+        device, without a host sync."""
+        out = torch.zeros((self.count, 2), dtype=torch.int64, device=self.device)
+        for buffer, targets, sources, index in self._groups:
+            # the padding after each piece must read as zero words
+            buffer.zero_()
+            torch._foreach_copy_(targets, sources)
+            _add_row_sums(buffer.view(torch.int32).view(-1, ROW_WORDS), index, out)
+        return out
+
+
+class DigestBuffer:
+    """One zeroed device buffer holding tensors of the given shapes and dtypes at row-aligned
+    offsets, for callers that write the tensors anyway (weight sync casts each bucket to the
+    engine's dtype): :meth:`sums` fingerprints whatever :attr:`views` hold, with no staging copy.
+
+    Write the tensors only through :attr:`views`: the bytes between them must stay zero.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[tuple[tuple[int, ...], torch.dtype]],
+        device: torch.device | str,
+    ) -> None:
+        self.specs: list[tuple[tuple[int, ...], torch.dtype]] = [
+            (tuple(shape), dtype) for shape, dtype in specs
+        ]
+        self.device = torch.device(device)
+        sizes = []
+        for shape, dtype in self.specs:
+            if any(d < 0 for d in shape):
+                raise ValueError(f"DigestBuffer shape {shape} has a negative dimension")
+            numel = 1
+            for d in shape:
+                numel *= d
+            sizes.append(numel * dtype.itemsize)
+        # one group, nothing split: every tensor lies whole at its own row offset
+        groups = _groups(sizes, sys.maxsize)
+        self._pieces = groups[0] if groups else []
+        rows = self._pieces[-1].row + self._pieces[-1].rows if self._pieces else 0
+        self._words = torch.zeros((rows, ROW_WORDS), dtype=torch.int32, device=self.device)
+        flat = self._words.view(-1).view(torch.uint8)
+        start = {p.tensor: p.row * _ROW_BYTES for p in self._pieces}
+        # 16 KiB row offsets satisfy the alignment of every dtype
+        self.views: list[torch.Tensor] = [
+            flat[start.get(i, 0) : start.get(i, 0) + nbytes].view(dtype).view(shape)
+            for i, ((shape, dtype), nbytes) in enumerate(zip(self.specs, sizes, strict=True))
+        ]
+        self._index = _row_index(self._pieces, self.device)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the buffer occupies on its device, padding included."""
+        return self._words.numel() * 4
+
+    def sums(self) -> torch.Tensor:
+        """The fingerprint sums of what :attr:`views` hold now, ``(len(views), 2)`` int64 on
+        the buffer's device, without a host sync."""
+        out = torch.zeros((len(self.specs), 2), dtype=torch.int64, device=self.device)
+        # chunks bound the int64 temporaries to a few times STAGING_BYTES
+        chunk = STAGING_BYTES // _ROW_BYTES
+        for first in range(0, self._words.shape[0], chunk):
+            rows = slice(first, first + chunk)
+            _add_row_sums(self._words[rows], self._index[:, rows], out)
+        return out
 
 
 def format_digest(shape: Sequence[int], dtype: torch.dtype, sums: Sequence[int]) -> str:
-    """The fingerprint string of a tensor of ``shape`` and ``dtype`` from its
-    :func:`digest_sums`, read on the host."""
-    plain, low, high = sums
-    weighted = low + (high << 32)
+    """The fingerprint string of a tensor of ``shape`` and ``dtype`` from its ``(plain,
+    weighted)`` sums, read on the host."""
+    plain, weighted = sums
     dims = "x".join(str(d) for d in shape)
     name = str(dtype).removeprefix("torch.")
     return f"{name}[{dims}]:{plain & _MASK:016x}{weighted & _MASK:016x}"
 
 
-class PendingDigests:
-    """Fingerprints queued on the device as tensors arrive, read back with one host sync.
+class _Batch(NamedTuple):
+    names: list[str]
+    headers: list[tuple[tuple[int, ...], torch.dtype]]
+    sums: torch.Tensor
 
-    A tensor may be released or overwritten once it was added: only its sums are kept.
-    """
+
+class PendingDigests:
+    """Fingerprints queued on the device as tensors arrive, read back with one host sync per
+    device. A tensor may be released or overwritten once it was added: only its sums are kept.
+    A name added again takes its latest fingerprint."""
 
     def __init__(self) -> None:
-        self._headers: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
-        self._sums: dict[str, torch.Tensor] = {}
+        self._batches: list[_Batch] = []
+        self._names: set[str] = set()
+
+    def _push(
+        self,
+        names: list[str],
+        headers: list[tuple[tuple[int, ...], torch.dtype]],
+        sums: torch.Tensor,
+    ) -> None:
+        self._batches.append(_Batch(names, headers, sums))
+        self._names.update(names)
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        self._headers[name] = (tuple(tensor.shape), tensor.dtype)
-        self._sums[name] = digest_sums(tensor)
+        self.add_many([(name, tensor)])
+
+    def add_many(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Queues every tensor, a fixed number of kernels per device and staging group."""
+        by_device: dict[torch.device, list[tuple[str, torch.Tensor]]] = {}
+        for name, tensor in named:
+            by_device.setdefault(tensor.device, []).append((name, tensor))
+        for group in by_device.values():
+            tensors = [tensor for _, tensor in group]
+            self._push(
+                [name for name, _ in group],
+                [(tuple(t.shape), t.dtype) for t in tensors],
+                digest_sums_many(tensors),
+            )
+
+    def add_buffer(self, names: Sequence[str], buffer: DigestBuffer) -> None:
+        """Queues the tensors ``buffer`` holds now, named in the order of its views."""
+        if len(names) != len(buffer.specs):
+            raise ValueError(
+                f"add_buffer got {len(names)} names for a buffer of {len(buffer.specs)} tensors"
+            )
+        self._push(list(names), list(buffer.specs), buffer.sums())
 
     def __len__(self) -> int:
-        return len(self._sums)
+        return len(self._names)
 
     def resolve(self) -> dict[str, str]:
         """Every fingerprint added, by name (one transfer per device)."""
-        by_device: dict[torch.device, list[str]] = {}
-        for name, sums in self._sums.items():
-            by_device.setdefault(sums.device, []).append(name)
+        by_device: dict[torch.device, list[int]] = {}
+        for position, batch in enumerate(self._batches):
+            by_device.setdefault(batch.sums.device, []).append(position)
+        values: dict[int, list[list[int]]] = {}
+        for positions in by_device.values():
+            rows = torch.cat([self._batches[p].sums for p in positions]).tolist()
+            start = 0
+            for p in positions:
+                end = start + len(self._batches[p].names)
+                values[p], start = rows[start:end], end
         result: dict[str, str] = {}
-        for names in by_device.values():
-            values = torch.stack([self._sums[name] for name in names]).tolist()
-            for name, sums in zip(names, values, strict=True):
-                result[name] = format_digest(*self._headers[name], sums)
+        for position, batch in enumerate(self._batches):
+            for name, header, sums in zip(
+                batch.names, batch.headers, values[position], strict=True
+            ):
+                result[name] = format_digest(*header, sums)
         return result
 
 
 def tensor_digests(named: Mapping[str, torch.Tensor]) -> dict[str, str]:
-    """:func:`tensor_digest` of every tensor, with one host sync per device instead of one each."""
+    """:func:`tensor_digest` of every tensor, a fixed number of kernels per staging group and
+    one host transfer per device instead of work per tensor."""
     pending = PendingDigests()
-    for name, tensor in named.items():
-        pending.add(name, tensor)
+    pending.add_many(named.items())
     return pending.resolve()
 
 

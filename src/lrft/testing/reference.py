@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from lrft.api.digest import tensor_digest
+from lrft.api.digest import tensor_digests
 
 
 def load_reference_model(model_dir: Path, device: torch.device | str = "cpu") -> PreTrainedModel:
@@ -66,4 +66,4 @@ def token_logprobs(
 
 
 def digests(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, str]:
-    return {name: tensor_digest(tensor) for name, tensor in named}
+    return tensor_digests(dict(named))

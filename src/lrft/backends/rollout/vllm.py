@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from lrft.api import validators as v
 from lrft.api.capabilities import EngineCapabilities
-from lrft.api.digest import tensor_digest
+from lrft.api.digest import tensor_digests
 from lrft.api.errors import CapabilityNotSupported, ConfigError
 from lrft.api.protocols import NamedTensors, WeightLoader
 from lrft.api.types import (
@@ -330,7 +330,7 @@ class VLLMRolloutEngine:
     def weights_digest(self) -> dict[str, str]:
         self._lifecycle.check_weights_resident("read the weights digest")
         self._flush_pending()
-        return {name: tensor_digest(t) for name, t in self._read_hf_weights().items()}
+        return tensor_digests(self._read_hf_weights())
 
     def read_weights(self) -> dict[str, torch.Tensor]:
         """Every weight in Hugging Face names, read back from vLLM's worker (TP shards gathered,

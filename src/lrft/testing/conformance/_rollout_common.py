@@ -26,8 +26,8 @@ from lrft.api import (
     GenerationResult,
     RolloutEngine,
     SamplingParams,
-    tensor_digest,
 )
+from lrft.api.digest import tensor_digests
 from lrft.testing.distributed import current_rank_context
 from lrft.testing.models import save_tiny_causal_lm
 from lrft.testing.reference import load_reference_model
@@ -217,12 +217,12 @@ def reference_digests(model_dir: Path, engine: RolloutEngine) -> dict[str, str]:
     """Digests of the folder's tensors cast to the dtypes the engine says it stores."""
     specs = engine.parameter_specs()
     weights = model_weights(model_dir)
-    return {name: tensor_digest(weights[name].to(specs[name].dtype)) for name in specs}
+    return tensor_digests({name: weights[name].to(specs[name].dtype) for name in specs})
 
 
 def backdoor_digests(suite: Suite, engine: RolloutEngine) -> dict[str, str]:
     """Digests of the weights read through the suite's backdoor, not through the engine's API."""
-    return {name: tensor_digest(t) for name, t in suite.read_engine_weights(engine).items()}
+    return tensor_digests(suite.read_engine_weights(engine))
 
 
 # --- checks on results --------------------------------------------------------------------------

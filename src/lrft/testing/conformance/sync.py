@@ -39,8 +39,8 @@ from lrft.api import (
     WeightsResidency,
     WeightSync,
     WeightSyncError,
-    tensor_digest,
 )
+from lrft.api.digest import tensor_digests
 from lrft.api.protocols import NamedTensors
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.testing.models import random_token_batch, save_tiny_causal_lm
@@ -170,10 +170,10 @@ def _sync_after_training(
     with suite.make_engine(model_dir, dtype) as engine:
         # 3 KiB buckets: the tiny model's weights travel in many buckets, some several per bucket
         report = suite.make_sync(3 * 1024).sync(source, engine, version=7)
-        expected = {name: tensor_digest(t.to(dtype)) for name, t in weights.items()}
+        expected = tensor_digests({name: t.to(dtype) for name, t in weights.items()})
         assert engine.weights_version == 7, f"engine version {engine.weights_version}, expected 7"
         assert engine.weights_digest() == expected, "engine digest differs from the trainer's"
-        backdoor = {n: tensor_digest(t) for n, t in suite.read_engine_weights(engine).items()}
+        backdoor = tensor_digests(suite.read_engine_weights(engine))
         assert backdoor == expected, "weights read through the backdoor differ from the trainer's"
         assert report.tensors == len(weights), f"report.tensors {report.tensors} != {len(weights)}"
         nbytes = sum(t.numel() for t in weights.values()) * dtype.itemsize
