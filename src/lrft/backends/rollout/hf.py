@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from lrft.api import validators as v
 from lrft.api.capabilities import EngineCapabilities
-from lrft.api.digest import tensor_digests
+from lrft.api.digest import DigestPlan, format_digest
 from lrft.api.errors import CapabilityNotSupported, ConfigError
 from lrft.api.protocols import NamedTensors, WeightLoader
 from lrft.api.types import (
@@ -118,6 +118,9 @@ class HFRolloutEngine:
         self._model: torch.nn.Module | None = model
         # named_parameters() lists a tied weight once; the other names it has become aliases.
         self._params = dict(model.named_parameters())
+        # Made on the first digest and dropped whenever the weights move (sleep, wake): it
+        # reads the parameters' storage as it was when it was made.
+        self._digest_plan: DigestPlan | None = None
         canonical = {id(p): name for name, p in self._params.items()}
         aliases = {
             name: canonical[id(p)]
@@ -294,6 +297,7 @@ class HFRolloutEngine:
 
     def sleep(self, level: int) -> None:
         plan = self._lifecycle.plan_sleep(level)
+        self._digest_plan = None
         if self._decoder is not None:
             self._decoder.release()
         if plan.weights_to is WeightsResidency.RELEASED and plan.moves_weights:
@@ -307,6 +311,7 @@ class HFRolloutEngine:
         self, parts: Collection[EnginePart] = (EnginePart.WEIGHTS, EnginePart.KV_CACHE)
     ) -> None:
         plan = self._lifecycle.plan_wake(parts)
+        self._digest_plan = None
         if plan.weights_from is WeightsResidency.PARKED:
             self._restore_weights()
         elif plan.weights_from is WeightsResidency.RELEASED:
@@ -357,13 +362,22 @@ class HFRolloutEngine:
         return self._lifecycle.weight_update(version, self._copy)
 
     def _copy(self, batch: list[tuple[str, torch.Tensor]]) -> None:
+        if not batch:
+            return
         with torch.no_grad():
-            for name, tensor in batch:
-                self._params[name].data.copy_(tensor)  # casts to the engine's dtype and device
+            # One fused copy for the batch (it casts to the engine's dtype and device); torch
+            # falls back to one copy per tensor where dtypes or devices are mixed.
+            torch._foreach_copy_([self._params[name] for name, _ in batch], [t for _, t in batch])
 
     def weights_digest(self) -> dict[str, str]:
         self._lifecycle.check_weights_resident("read the weights digest")
-        return tensor_digests({name: p.detach() for name, p in self._params.items()})
+        if self._digest_plan is None:
+            self._digest_plan = DigestPlan(list(self._params.values()))
+        sums = self._digest_plan.sums().tolist()
+        return {
+            name: format_digest(p.shape, p.dtype, fingerprint)
+            for (name, p), fingerprint in zip(self._params.items(), sums, strict=True)
+        }
 
     # --- teardown ----------------------------------------------------------------------------
 
@@ -373,6 +387,7 @@ class HFRolloutEngine:
                 self._decoder.release()
                 self._decoder = None
             self._params.clear()
+            self._digest_plan = None
             self._model = None
             self._empty_device_cache()
 

@@ -6,7 +6,9 @@ largest transient allocation is one bucket, not the model. Each bucket is one ca
 engine (never one call per parameter). Verification compares the engine's digest of what it
 stores with the digest of what was sent, after the cast to the engine's dtype; the sent
 digests are computed on the device as the buckets pass and read back once, after the last
-bucket, so the stream makes no host round trip per tensor or per bucket.
+bucket, so the stream makes no host round trip per tensor or per bucket. Unverified, each bucket
+goes to the engine as gathered and is cast by the engine's copy; verified, it is first cast in one
+fused copy into a buffer laid out for the digest, which then needs no copy of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import attrs
 import torch
 
 from lrft.api.capabilities import SyncCapabilities
-from lrft.api.digest import PendingDigests, combine_digests
+from lrft.api.digest import DigestBuffer, PendingDigests, combine_digests
 from lrft.api.errors import WeightSyncError
 from lrft.api.protocols import RolloutEngine, WeightLoader, WeightSource
 from lrft.api.types import EnginePart, SyncReport, TensorSpec, WeightsResidency
@@ -110,7 +112,9 @@ class _Stream:
             raise WeightSyncError(f"loading bucket {failed_bucket} failed: {error}") from error
 
     def _prepare(self, bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-        prepared = []
+        names: list[str] = []
+        specs: list[TensorSpec] = []
+        tensors: list[torch.Tensor] = []
         for source_name, tensor in bucket:
             name = self.name_map(source_name)
             spec = self.specs.get(name)
@@ -125,12 +129,19 @@ class _Stream:
                 )
             if name in self.sent_bytes:
                 raise WeightSyncError(f"weight {name!r} was sent twice in one sync")
-            cast = tensor.detach().to(dtype=spec.dtype)
-            self.sent_bytes[name] = cast.numel() * cast.element_size()
-            if self.verify:
-                self.sent_digests.add(name, cast)
-            prepared.append((name, cast))
-        return prepared
+            self.sent_bytes[name] = tensor.numel() * spec.dtype.itemsize
+            names.append(name)
+            specs.append(spec)
+            tensors.append(tensor.detach())
+        if not self.verify or not tensors:
+            # The engine casts while it copies: no intermediate copy of the bucket.
+            return list(zip(names, tensors, strict=True))
+        # Verified: the cast must exist to be fingerprinted, so it is written, in one fused
+        # copy, into a buffer laid out for digests; the engine then copies from it.
+        cast = DigestBuffer([(spec.shape, spec.dtype) for spec in specs], tensors[0].device)
+        torch._foreach_copy_(cast.views, tensors)
+        self.sent_digests.add_buffer(names, cast)
+        return list(zip(names, cast.views, strict=True))
 
     def check_complete(self) -> None:
         missing = sorted(set(self.specs) - set(self.sent_bytes))

@@ -130,6 +130,10 @@ class FSDP2FrozenModel(OffloadableModel):
         self._module = module
         self._device = device
         self._host_resident = host_resident
+        # Hugging Face names and parameters in module order, listed once: walking the wrapped
+        # module costs more than a world-1 sync's copies. FSDP2 keeps the Parameter objects for
+        # the module's life (moves and checkpoint loads replace their data in place).
+        self._named: list[tuple[str, torch.nn.Parameter]] | None = None
 
     @property
     def module(self) -> torch.nn.Module:
@@ -145,14 +149,16 @@ class FSDP2FrozenModel(OffloadableModel):
     def _buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
-        for name, param in self._module.named_parameters():
+        if self._named is None:
+            self._named = [(hf_name(name), p) for name, p in self._module.named_parameters()]
+        for name, param in self._named:
             # The size is known from the global shape before gathering, so the previous bucket
             # is handed out (and can be released) before the next one is materialised.
             nbytes = param.numel() * param.element_size()
             if bucket and size + nbytes > bucket_bytes:
                 yield gather_full(bucket, self._device)
                 bucket, size = [], 0
-            bucket.append((hf_name(name), param))
+            bucket.append((name, param))
             size += nbytes
         if bucket:
             yield gather_full(bucket, self._device)
@@ -247,7 +253,8 @@ class FSDP2TrainableModel(FSDP2FrozenModel):
         if part is ModelPart.OPTIMIZER:
             for state in self._optimizer.state.values():
                 for key, value in state.items():
-                    # AdamW keeps its step counter on the host unless capturable: leave it.
+                    # The step counter stays where AdamW keeps it (the host, or the
+                    # device when fused or capturable): it is not part of the moved state.
                     # DTensor.to moves the local shard and keeps mesh and placements, where
                     # DTensor.from_local would move a host shard back to the mesh's device.
                     if isinstance(value, torch.Tensor) and key != "step":
