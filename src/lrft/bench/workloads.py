@@ -122,7 +122,8 @@ class GrpoSpec:
 @attrs.frozen(kw_only=True)
 class TrainMfuSpec:
     """The policy update on ``sequences`` rows of ``prompt_tokens + response_tokens`` tokens:
-    ``warmup_steps`` optimizer steps, then ``steps`` timed ones."""
+    ``warmup_steps`` optimizer steps, then ``steps`` timed ones. ``fsdp_reshard_after_forward``
+    is :class:`~lrft.backends.train.fsdp2.FSDP2Config`'s setting of that name."""
 
     sequences: int = attrs.field(validator=v.positive_int)
     prompt_tokens: int = attrs.field(validator=v.positive_int)
@@ -131,6 +132,7 @@ class TrainMfuSpec:
     steps: int = attrs.field(validator=v.positive_int)
     warmup_steps: int = attrs.field(default=1, validator=v.non_negative)
     gradient_checkpointing: bool = False
+    fsdp_reshard_after_forward: bool = True
 
     def __attrs_post_init__(self) -> None:
         if self.sequences % self.micro_train_batch_size:

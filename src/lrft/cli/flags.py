@@ -306,6 +306,14 @@ FLAGS: tuple[Flag, ...] = (
         help="keep FSDP2 parameters, gradients and optimizer state on the host",
     ),
     Flag(
+        name="fsdp_reshard_after_forward",
+        kind=bool,
+        help="free each FSDP2 layer's gathered weights after its forward and gather them again "
+        "for its backward (default); --no-fsdp_reshard_after_forward keeps them until the backward: "
+        "one all-gather per layer and micro-batch instead of two, holding a full compute-dtype copy of "
+        "each trained model (policy, critic) during its update",
+    ),
+    Flag(
         name="zero_stage",
         kind=int,
         choices=None,

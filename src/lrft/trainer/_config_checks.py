@@ -100,11 +100,16 @@ def check_training_settings(config: TrainConfig) -> None:
     """The KL loss, the training backend's options, and the batch sizes of one rollout."""
     if config.use_kl_loss and config.init_kl_coef == 0.0:
         raise ConfigError("use_kl_loss needs init_kl_coef > 0 (the KL term's coefficient)")
-    if config.zero_stage is not None and config.fsdp_cpu_offload:
-        raise ConfigError(
-            f"fsdp_cpu_offload is an FSDP2 setting, but zero_stage={config.zero_stage} "
-            "trains with DeepSpeed: choose one"
-        )
+    fsdp_only = {
+        "fsdp_cpu_offload": config.fsdp_cpu_offload,
+        "fsdp_reshard_after_forward": not config.fsdp_reshard_after_forward,
+    }
+    for name, changed in fsdp_only.items():
+        if config.zero_stage is not None and changed:
+            raise ConfigError(
+                f"{name} is an FSDP2 setting, but zero_stage={config.zero_stage} "
+                "trains with DeepSpeed: choose one"
+            )
     if config.deepspeed_config is not None and config.zero_stage is None:
         raise ConfigError(
             f"deepspeed_config {config.deepspeed_config!r} needs zero_stage (1, 2 or 3): "

@@ -92,7 +92,12 @@ ENGINES: dict[str, Callable[[str, TrainConfig, RankInfo], RolloutEngine]] = {
 def train_backend(config: TrainConfig) -> TrainBackend:
     """FSDP2 by default; DeepSpeed ZeRO at ``config.zero_stage`` when it is set."""
     if config.zero_stage is None:
-        return FSDP2Backend(FSDP2Config(cpu_offload=config.fsdp_cpu_offload))
+        return FSDP2Backend(
+            FSDP2Config(
+                cpu_offload=config.fsdp_cpu_offload,
+                reshard_after_forward=config.fsdp_reshard_after_forward,
+            )
+        )
     # imported here: deepspeed is an optional dependency and lrft never imports it unasked
     from lrft.backends.train.deepspeed import DeepSpeedBackend, DeepSpeedConfig, read_override
 

@@ -203,6 +203,8 @@ class TrainConfig:
     """Generate rounds per iteration with dynamic_sampling, the first included; unset: 4."""
     gradient_checkpointing: bool = False
     fsdp_cpu_offload: bool = False
+    fsdp_reshard_after_forward: bool = True
+    """Free each FSDP2 layer's gathered weights after its forward (False: keep them to backward)."""
     zero_stage: int | None = attrs.field(default=None, validator=f.zero_stage)
     """Train with DeepSpeed ZeRO at this stage instead of FSDP2 (``None``: FSDP2)."""
     deepspeed_config: str | None = None

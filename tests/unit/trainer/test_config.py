@@ -127,6 +127,10 @@ def test_engine_memory_share_by_device(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"kl_estimator": "k9"}, r"kl_estimator 'k9' is unknown"),
         ({"zero_stage": 4}, r"zero_stage must be 1, 2 or 3 .*got 4"),
         ({"zero_stage": 3, "fsdp_cpu_offload": True}, r"fsdp_cpu_offload is an FSDP2 setting"),
+        (
+            {"zero_stage": 2, "fsdp_reshard_after_forward": False},
+            r"fsdp_reshard_after_forward is an FSDP2 setting, but zero_stage=2",
+        ),
         ({"deepspeed_config": "ds.json"}, r"deepspeed_config 'ds.json' needs zero_stage"),
     ],
 )

@@ -62,10 +62,16 @@ class FSDP2Config:
         whole run (FSDP2's ``CPUOffloadPolicy``): each unit is copied to the device for its
         compute and AdamW steps on the host. Nothing is then left for ``offload``/``reload`` to
         move, so the backend declares no offload capability and reports every part on the host.
+    reshard_after_forward: free each decoder layer's gathered parameters after its forward in
+        training and gather them again for its backward (FSDP2's default). ``False`` keeps them
+        from forward to backward: one all-gather per layer and micro-batch instead of two, at the
+        cost of holding every layer's gathered compute-dtype parameters (a full copy of the model
+        in bf16 on CUDA) until the backward frees them. Frozen models always reshard.
     """
 
     mixed_precision: bool | None = None
     cpu_offload: bool = False
+    reshard_after_forward: bool = True
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -123,7 +129,11 @@ class FSDP2Backend:
 
         The module's train/eval mode is left as it is. Collective over the default group.
         """
-        self._shard(model, reshard_root_after_forward=False)
+        self._shard(
+            model,
+            reshard_layers_after_forward=self._config.reshard_after_forward,
+            reshard_root_after_forward=False,
+        )
         params = [p for p in model.parameters() if p.requires_grad]
         adamw = torch.optim.AdamW(
             params,
@@ -131,6 +141,9 @@ class FSDP2Backend:
             betas=optimizer.betas,
             eps=optimizer.eps,
             weight_decay=optimizer.weight_decay,
+            # One kernel over all shards on CUDA; the default (foreach) elsewhere. Host-resident
+            # shards (cpu_offload) step on the host, where the fused CPU kernel gains little.
+            fused=self._device.type == "cuda" and not self._config.cpu_offload,
         )
         schedule = scheduler if scheduler is not None else SchedulerConfig()
         lr_scheduler = LambdaLR(adamw, _multiplier(schedule))
@@ -143,7 +156,7 @@ class FSDP2Backend:
         its forward (so no full copy lingers between forwards). Collective."""
         model.requires_grad_(False)
         model.eval()
-        self._shard(model, reshard_root_after_forward=True)
+        self._shard(model, reshard_layers_after_forward=True, reshard_root_after_forward=True)
         return FSDP2FrozenModel(model, **self._placing())
 
     def _placing(self) -> _Placing:
@@ -153,7 +166,13 @@ class FSDP2Backend:
             "host_resident": self._config.cpu_offload,
         }
 
-    def _shard(self, model: torch.nn.Module, *, reshard_root_after_forward: bool) -> None:
+    def _shard(
+        self,
+        model: torch.nn.Module,
+        *,
+        reshard_layers_after_forward: bool,
+        reshard_root_after_forward: bool,
+    ) -> None:
         layers = decoder_layers(model)
         if not layers:
             warnings.warn(
@@ -170,7 +189,13 @@ class FSDP2Backend:
             else OffloadPolicy()
         )
         for layer in layers:
-            fully_shard(layer, mesh=self._mesh, mp_policy=mp_policy, offload_policy=offload_policy)
+            fully_shard(
+                layer,
+                mesh=self._mesh,
+                mp_policy=mp_policy,
+                offload_policy=offload_policy,
+                reshard_after_forward=reshard_layers_after_forward,
+            )
         fully_shard(
             model,
             mesh=self._mesh,

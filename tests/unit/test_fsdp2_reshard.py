@@ -1,0 +1,54 @@
+"""``FSDP2Config.reshard_after_forward=False`` keeps each decoder layer's gathered weights from its
+forward to its backward (visible as plain tensors in place of DTensor shards), and trains exactly
+as the default does: same gradients, same weights after an optimizer step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.tensor import DTensor
+
+from lrft.api.optim import OptimizerConfig
+from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
+from lrft.testing.models import random_token_batch, tiny_causal_lm
+
+
+def _layer_weights_after_forward_and_step(reshard: bool) -> tuple[bool, dict[str, torch.Tensor]]:
+    from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
+
+    context = current_rank_context()
+    backend = FSDP2Backend(FSDP2Config(mixed_precision=False, reshard_after_forward=reshard))
+    model = tiny_causal_lm(seed=3)
+    model.train()
+    trainable = backend.prepare_trainable(model, optimizer=OptimizerConfig(lr=1e-2))
+    tokens = random_token_batch(seed=context.rank, batch=2, length=12)
+    loss = trainable.module(input_ids=tokens).logits.float().square().mean()
+    q_proj = model.model.layers[0].self_attn.q_proj.weight
+    gathered_between = not isinstance(q_proj, DTensor)
+    trainable.backward(loss)
+    trainable.step()
+    weights = {
+        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
+        for name, p in trainable.module.named_parameters()
+    }
+    return gathered_between, weights
+
+
+class TestReshardAfterForwardWorld2(DistributedSuite):
+    world_size = 2
+
+    @pytest.mark.parametrize("reshard", [True, False])
+    def test_layer_weights_between_forward_and_backward(
+        self, pool: RankPool, reshard: bool
+    ) -> None:
+        for gathered, _ in pool.run(_layer_weights_after_forward_and_step, reshard):
+            assert gathered is (not reshard)
+
+    def test_training_is_the_same_either_way(self, pool: RankPool) -> None:
+        default = pool.run(_layer_weights_after_forward_and_step, True)[0][1]
+        kept = pool.run(_layer_weights_after_forward_and_step, False)[0][1]
+        untrained = dict(tiny_causal_lm(seed=3).named_parameters())
+        assert default.keys() == kept.keys()
+        for name, weight in default.items():
+            assert not torch.equal(weight, untrained[name].detach()), name  # the step moved it
+            torch.testing.assert_close(kept[name], weight, rtol=0, atol=0, msg=name)
