@@ -8,10 +8,18 @@ and backward recomputes each chunk's logits. The result and its gradients are th
 computation, with the same dtypes at each step (the head's matmul in the weight's dtype, the
 softmax in fp32); only the summation order of the weight gradient changes (chunk partial sums,
 accumulated in fp32).
+
+On CUDA the per-chunk elementwise work (the fp32 cast, log-sum-exp and pick in forward; softmax,
+one-hot and cast back in backward) runs as two ``torch.compile``'d functions, each one kernel
+that reads the chunk's logits once: the eager sequence makes about ten passes over a
+``rows x vocab`` fp32 matrix, which on a 152 k vocabulary costs more time than the head's
+matmuls. Elsewhere it runs eagerly, in place, with the least memory.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,6 +39,38 @@ def _chunk_logits(
     return logits.div_(temperature) if temperature != 1.0 else logits
 
 
+def _picked_and_lse(logits: Tensor, targets: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    """Each row's ``log_softmax(logits.float() / T)`` at its target, and its log-sum-exp."""
+    scaled = logits.float() / temperature
+    lse = torch.logsumexp(scaled, dim=-1)
+    return scaled.gather(1, targets[:, None])[:, 0] - lse, lse
+
+
+def _logits_grad(
+    logits: Tensor, lse: Tensor, upstream: Tensor, targets: Tensor, temperature: float
+) -> Tensor:
+    """``upstream * d(picked logprob)/d(logits)`` in the logits' dtype: ``(onehot(t) -
+    softmax(logits / T)) * upstream / T``."""
+    scaled = logits.float() / temperature
+    vocab = torch.arange(logits.shape[1], device=logits.device)
+    onehot = (vocab[None, :] == targets[:, None]).float()
+    grad = (onehot - torch.exp(scaled - lse[:, None])) * (upstream[:, None] / temperature)
+    return grad.to(logits.dtype)
+
+
+_Stats = Callable[[Tensor, Tensor, float], tuple[Tensor, Tensor]]
+_Grad = Callable[[Tensor, Tensor, Tensor, Tensor, float], Tensor]
+
+
+@functools.cache
+def _compiled() -> tuple[_Stats, _Grad]:
+    # dynamic: chunk rows vary (the last chunk of a batch, token-budget micro-batches).
+    return (
+        torch.compile(_picked_and_lse, dynamic=True),
+        torch.compile(_logits_grad, dynamic=True),
+    )
+
+
 class _ChunkedTokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -45,8 +85,15 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         rows = hidden.shape[0]
         out = torch.empty(rows, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(rows, dtype=torch.float32, device=hidden.device)
+        fused = fused_kernels(hidden)
         for start in range(0, rows, chunk_tokens):
             stop = min(start + chunk_tokens, rows)
+            if fused:
+                logits = F.linear(hidden[start:stop], weight, bias)
+                out[start:stop], lse[start:stop] = _compiled()[0](
+                    logits, targets[start:stop], temperature
+                )
+                continue
             logits = _chunk_logits(hidden[start:stop], weight, bias, temperature)
             torch.logsumexp(logits, dim=-1, out=lse[start:stop])
             picked = logits.gather(1, targets[start:stop, None])[:, 0]
@@ -54,6 +101,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.temperature = temperature
         ctx.chunk_tokens = chunk_tokens
+        ctx.fused = fused
         return out
 
     @staticmethod
@@ -73,14 +121,23 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             chunk = hidden[start:stop]
             # d(x_t - logsumexp(x))/dx = onehot(t) - softmax(x), scaled by the incoming gradient,
             # built in place in the recomputed logits.
-            upstream = grad_out[start:stop, None]
-            grad_logits = _chunk_logits(chunk, weight, bias, temperature)
-            grad_logits.sub_(lse[start:stop, None]).exp_().mul_(-upstream)
-            grad_logits.scatter_add_(1, targets[start:stop, None], upstream)
-            # Back through ``/ temperature`` and the fp32 cast of the head's output.
-            if temperature != 1.0:
-                grad_logits.div_(temperature)
-            grad_linear = grad_logits.to(chunk.dtype)
+            if ctx.fused:
+                grad_linear = _compiled()[1](
+                    F.linear(chunk, weight, bias),
+                    lse[start:stop],
+                    grad_out[start:stop],
+                    targets[start:stop],
+                    temperature,
+                ).to(chunk.dtype)
+            else:
+                upstream = grad_out[start:stop, None]
+                grad_logits = _chunk_logits(chunk, weight, bias, temperature)
+                grad_logits.sub_(lse[start:stop, None]).exp_().mul_(-upstream)
+                grad_logits.scatter_add_(1, targets[start:stop, None], upstream)
+                # Back through ``/ temperature`` and the fp32 cast of the head's output.
+                if temperature != 1.0:
+                    grad_logits.div_(temperature)
+                grad_linear = grad_logits.to(chunk.dtype)
             if grad_hidden is not None:
                 torch.mm(grad_linear, weight, out=grad_hidden[start:stop])
             if grad_weight is not None:
@@ -98,6 +155,11 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             None,
             None,
         )
+
+
+def fused_kernels(hidden: Tensor) -> bool:
+    """Whether the chunks' elementwise work runs compiled (on CUDA) or eagerly (elsewhere)."""
+    return hidden.is_cuda
 
 
 def chunked_token_logprobs(

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from lrft.algo import chunked_token_logprobs
+from lrft.algo import chunked_token_logprobs, logprobs
 
 
 def _inputs(
@@ -66,6 +66,38 @@ def test_bf16_weights_keep_the_plain_dtypes() -> None:
     for mine, reference in ((grad_h, ref_h), (grad_w, ref_w)):
         error = (mine.double() - reference.double()).norm() / reference.double().norm()
         assert error < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_the_fused_chunk_functions_equal_the_plain_computation(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, bias: bool, temperature: float
+) -> None:
+    """The two functions CUDA runs compiled, run eagerly here through the same autograd path
+    (tests/gpu/test_fused_logprobs_gpu.py runs them compiled on CUDA)."""
+    monkeypatch.setattr(logprobs, "fused_kernels", lambda hidden: True)
+    monkeypatch.setattr(
+        logprobs, "_compiled", lambda: (logprobs._picked_and_lse, logprobs._logits_grad)
+    )
+    h, w, b, targets = _inputs(5, 11, 8, 37, bias=bias, dtype=dtype)
+    upstream = torch.randn(11, generator=torch.Generator().manual_seed(4))
+    params = [t for t in (h, w, b) if t is not None]
+
+    got = chunked_token_logprobs(h, w, b, targets, temperature=temperature, chunk_tokens=4)
+    got_grads = torch.autograd.grad((got * upstream).sum(), params)
+    expected = _plain(h, w, b, targets, temperature)
+    expected_grads = torch.autograd.grad((expected * upstream).sum(), params)
+
+    rtol, atol = (1e-5, 1e-6) if dtype == torch.float32 else (1e-3, 1e-3)
+    torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
+    for mine, reference in zip(got_grads, expected_grads, strict=True):
+        assert mine.dtype == dtype
+        if dtype == torch.float32:
+            torch.testing.assert_close(mine, reference, rtol=rtol, atol=atol)
+        else:  # bf16 partial sums round differently with the chunking
+            error = (mine.double() - reference.double()).norm() / reference.double().norm()
+            assert error < 1e-2
 
 
 def test_a_matches_a_hand_computed_value() -> None:
