@@ -101,6 +101,7 @@ def test_all_parts_on_the_tiny_workload(tmp_path: Path) -> None:
         assert _positive(sync["fraction_of_device_copy"][name])
     assert _positive(sync["device_copy_GBps"])
     assert sync["all_gather_bus_GBps"] is None  # one rank
+    assert sync["fraction_of_all_gather"] is None
 
     sleep = doc["sleep"]
     assert sleep["bytes"] == 107072 * 4

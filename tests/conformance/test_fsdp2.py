@@ -68,3 +68,13 @@ class TestFSDP2CpuOffloadWorld2(FSDP2Suite):
     @classmethod
     def make_backend(cls) -> FSDP2Backend:
         return FSDP2Backend(FSDP2Config(mixed_precision=False, cpu_offload=True))
+
+
+class TestFSDP2DeferredSyncWorld2(FSDP2Suite):
+    """Deferred gradient reduction between micro-batches (the accumulation tests exercise it)."""
+
+    world_size = 2
+
+    @classmethod
+    def make_backend(cls) -> FSDP2Backend:
+        return FSDP2Backend(FSDP2Config(mixed_precision=False, defer_gradient_sync=True))

@@ -32,7 +32,7 @@ from lrft.api import (
 from lrft.testing.conformance.train import TrainBackendSuite
 from lrft.testing.distributed import DistributedSuite, RankFailure, RankPool
 
-Defect = Literal["no_all_reduce", "drops_a_tensor", "steps_on_nan"] | None
+Defect = Literal["no_all_reduce", "drops_a_tensor", "steps_on_nan", "drops_deferred"] | None
 
 
 class ReplicaModel:
@@ -88,7 +88,9 @@ class ReplicaModel:
         if bucket:
             yield bucket
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, *, sync_gradients: bool = True) -> None:
+        if self._defect == "drops_deferred" and not sync_gradients:
+            return  # "deferring" by losing the micro-batch
         torch.autograd.backward(loss)
 
     def step(self) -> StepReport:
@@ -181,6 +183,10 @@ class _StepsOnNaN(_Replica):
     defect = "steps_on_nan"
 
 
+class _DropsDeferred(_Replica):
+    defect = "drops_deferred"
+
+
 class TestTrainSuiteTeeth(DistributedSuite):
     world_size = 2
 
@@ -189,6 +195,7 @@ class TestTrainSuiteTeeth(DistributedSuite):
         suite.test_training_matches_reference(pool)
         suite.test_full_weights_are_complete_exact_and_bucketed(pool)
         suite.test_non_finite_gradient_skips_step(pool)
+        suite.test_deferred_gradient_sync_matches_one_batch(pool)
 
     def test_parity_catches_missing_gradient_all_reduce(self, pool: RankPool) -> None:
         with pytest.raises(
@@ -205,3 +212,10 @@ class TestTrainSuiteTeeth(DistributedSuite):
     def test_skip_test_catches_a_step_on_nan(self, pool: RankPool) -> None:
         with pytest.raises(RankFailure, match=r"a NaN gradient did not skip the step"):
             _StepsOnNaN().test_non_finite_gradient_skips_step(pool)
+
+    def test_deferred_sync_test_catches_a_lost_micro_batch(self, pool: RankPool) -> None:
+        with pytest.raises(
+            RankFailure,
+            match=r"step 0: StepReport\.grad_norm is [\d.]+, the reference's global gradient norm",
+        ):
+            _DropsDeferred().test_deferred_gradient_sync_matches_one_batch(pool)

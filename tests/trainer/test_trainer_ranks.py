@@ -149,6 +149,29 @@ def _host_resident_models_under_engine_sleep(root: Path) -> list[str]:
     return list(trainer.colocation.order)
 
 
+def _weights_before_and_after_a_step(
+    root: Path, extra: list[str]
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The actor's and critic's full weights before and after one iteration (two optimizer
+    steps of two micro-batches per rank each)."""
+    trainer = _trainer(root, ["--advantage_estimator=gae", *extra])
+    critic = trainer.critic
+    assert critic is not None
+
+    def weights() -> dict[str, torch.Tensor]:
+        return {
+            f"{role}/{name}": tensor.clone()
+            for role, model in (("actor", trainer.actor), ("critic", critic))
+            for bucket in model.full_weights(1 << 20)
+            for name, tensor in bucket
+        }
+
+    before = weights()
+    trainer.colocation.sync(version=0)
+    trainer.train_step()
+    return before, weights()
+
+
 class TestTrainerRanks(DistributedSuite):
     world_size = 2
 
@@ -172,3 +195,23 @@ class TestTrainerRanks(DistributedSuite):
         root = pool.shared_dir / tmp_path.name
         orders = pool.run(_host_resident_models_under_engine_sleep, root)
         assert orders == [list(PHASES)] * 2
+
+    def test_fsdp2_speed_settings_train_the_same(self, pool: RankPool, tmp_path: Path) -> None:
+        """Gathered layers kept to backward and gradients reduced once per optimizer step give
+        the iteration the default gives, up to fp32 summation order."""
+        root = pool.shared_dir / tmp_path.name
+        untrained, default = pool.run(_weights_before_and_after_a_step, root, [])[0]
+        _, faster = pool.run(
+            _weights_before_and_after_a_step,
+            root,
+            ["--no-fsdp_reshard_after_forward", "--fsdp_defer_gradient_sync"],
+        )[0]
+        assert faster.keys() == default.keys()
+        moved = {
+            name.split("/")[0]
+            for name in default
+            if not torch.equal(default[name], untrained[name])
+        }
+        assert moved == {"actor", "critic"}
+        for name, weight in default.items():
+            torch.testing.assert_close(faster[name], weight, rtol=1e-5, atol=1e-6, msg=name)

@@ -1,6 +1,10 @@
 """``FSDP2Config.reshard_after_forward=False`` keeps each decoder layer's gathered weights from its
 forward to its backward (visible as plain tensors in place of DTensor shards), and trains exactly
-as the default does: same gradients, same weights after an optimizer step."""
+as the default does: same gradients, same weights after an optimizer step.
+
+``FSDP2Config.defer_gradient_sync=True`` honours ``backward(sync_gradients=False)``: the weights
+stay gathered and ``step`` refuses unreduced gradients (the conformance suite's accumulation test
+checks that the deferred step equals one batch)."""
 
 from __future__ import annotations
 
@@ -52,3 +56,47 @@ class TestReshardAfterForwardWorld2(DistributedSuite):
         for name, weight in default.items():
             assert not torch.equal(weight, untrained[name].detach()), name  # the step moved it
             torch.testing.assert_close(kept[name], weight, rtol=0, atol=0, msg=name)
+
+
+def _after_a_deferred_backward(defer: bool) -> tuple[bool, str]:
+    """Whether layer 0's weight is still gathered after ``backward(sync_gradients=False)``, and
+    what ``step`` then says."""
+    from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
+
+    context = current_rank_context()
+    backend = FSDP2Backend(FSDP2Config(mixed_precision=False, defer_gradient_sync=defer))
+    model = tiny_causal_lm(seed=3)
+    model.train()
+    trainable = backend.prepare_trainable(model, optimizer=OptimizerConfig(lr=1e-2))
+    tokens = random_token_batch(seed=context.rank, batch=2, length=12)
+    loss = trainable.module(input_ids=tokens).logits.float().square().mean()
+    trainable.backward(loss, sync_gradients=False)
+    gathered = not isinstance(model.model.layers[0].self_attn.q_proj.weight, DTensor)
+    try:
+        trainable.step()
+    except RuntimeError as error:
+        return gathered, str(error)
+    return gathered, "stepped"
+
+
+class TestDeferredGradientSyncWorld2(DistributedSuite):
+    world_size = 2
+
+    def test_deferred_backward_keeps_gathered_weights_and_blocks_the_step(
+        self, pool: RankPool
+    ) -> None:
+        for gathered, outcome in pool.run(_after_a_deferred_backward, True):
+            assert gathered
+            assert "after backward(sync_gradients=False)" in outcome
+
+    def test_without_the_setting_the_hint_is_ignored(self, pool: RankPool) -> None:
+        for gathered, outcome in pool.run(_after_a_deferred_backward, False):
+            assert not gathered
+            assert outcome == "stepped"
+
+
+def test_deferred_sync_and_cpu_offload_are_refused_together() -> None:
+    from lrft.backends.train.fsdp2 import FSDP2Config
+
+    with pytest.raises(ValueError, match=r"defer_gradient_sync=True .* cpu_offload=True"):
+        FSDP2Config(defer_gradient_sync=True, cpu_offload=True)

@@ -92,13 +92,18 @@ class FrozenModel(WeightSource, Protocol):
 class TrainableModel(FrozenModel, Protocol):
     """A model wrapped for training, with its optimizer and learning-rate schedule."""
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, *, sync_gradients: bool = True) -> None:
         """Accumulate the gradients of ``loss`` into this rank's gradient buffers.
 
         Gradients are averaged over the data-parallel ranks when they are reduced, so a loss that
         is a mean over each rank's equal share of a batch yields the gradient of the mean over the
         whole batch. The caller scales the loss of each micro-batch (``loss / k`` for ``k`` equal
         micro-batches): the backend never rescales it.
+
+        ``sync_gradients=False`` tells the backend that another ``backward`` of the same
+        optimizer step follows: it may keep this rank's gradients unreduced (and its gathered
+        parameters in place) until a ``backward`` with ``True``, which must come before
+        ``step``. The resulting step is the same either way; a backend may ignore the hint.
         """
         ...
 

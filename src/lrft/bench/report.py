@@ -116,12 +116,16 @@ def table(document: dict[str, Any]) -> str:
         lines.append(
             f"sync: {sync['bytes'] / 2**20:.1f} MiB ({sync['engine_dtype']}) in {sync['buckets']} bucket(s)"
         )
+        gather = sync["fraction_of_all_gather"]
         for name in ("verified", "unverified", "gather_only"):
+            versus = f"{_fraction(sync['fraction_of_device_copy'][name])} of copy"
+            if gather is not None:
+                versus += f", {_fraction(gather[name])} of all-gather"
             lines.append(
                 _row(
                     f"  {name.replace('_', ' ')}",
                     f"{sync['seconds_median'][name] * 1e3:.2f} ms, {sync['GBps'][name]:.1f} GB/s "
-                    f"({_fraction(sync['fraction_of_device_copy'][name])} of copy)",
+                    f"({versus})",
                 )
             )
         lines.append(_row("device copy ceiling", f"{sync['device_copy_GBps']:.1f} GB/s"))

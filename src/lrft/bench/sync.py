@@ -100,8 +100,22 @@ def run_sync(workload: Workload) -> dict[str, Any]:
         "device_copy_GBps": copy,
         "fraction_of_device_copy": {name: value / copy for name, value in gbps.items()},
         "all_gather_bus_GBps": gather,
+        "fraction_of_all_gather": (
+            None
+            if gather is None
+            else {
+                name: all_gather_seconds(nbytes, info.world_size, gather) / value
+                for name, value in median.items()
+            }
+        ),
         "world_size": info.world_size,
     }
+
+
+def all_gather_seconds(nbytes: int, world_size: int, bus_gbps: float) -> float:
+    """Seconds an all-gather of ``nbytes`` in all takes at ``bus_gbps`` of bus bandwidth (each
+    rank receives the ``(world - 1) / world`` of the bytes it does not hold)."""
+    return nbytes * (world_size - 1) / world_size / (bus_gbps * 1e9)
 
 
 def _drain(buckets: Any) -> None:

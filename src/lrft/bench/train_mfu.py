@@ -54,7 +54,12 @@ def run_train_mfu(workload: Workload, *, steps: int | None, matmul_tflops: float
     spec = workload.train_mfu
     assert spec is not None
     info = init_distributed(RankInfo.from_env())
-    backend = FSDP2Backend(FSDP2Config(reshard_after_forward=spec.fsdp_reshard_after_forward))
+    backend = FSDP2Backend(
+        FSDP2Config(
+            reshard_after_forward=spec.fsdp_reshard_after_forward,
+            defer_gradient_sync=spec.fsdp_defer_gradient_sync,
+        )
+    )
     model = random_model(workload.model, backend.device)
     if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable()  # type: ignore[no-untyped-call]  # unannotated in transformers
@@ -96,6 +101,7 @@ def run_train_mfu(workload: Workload, *, steps: int | None, matmul_tflops: float
         "micro_train_batch_size": spec.micro_train_batch_size,
         "gradient_checkpointing": spec.gradient_checkpointing,
         "fsdp_reshard_after_forward": spec.fsdp_reshard_after_forward,
+        "fsdp_defer_gradient_sync": spec.fsdp_defer_gradient_sync,
         "step_seconds": seconds,
         "step_seconds_median": median,
         "train_tokens_per_s": tokens / median,

@@ -123,7 +123,8 @@ class GrpoSpec:
 class TrainMfuSpec:
     """The policy update on ``sequences`` rows of ``prompt_tokens + response_tokens`` tokens:
     ``warmup_steps`` optimizer steps, then ``steps`` timed ones. ``fsdp_reshard_after_forward``
-    is :class:`~lrft.backends.train.fsdp2.FSDP2Config`'s setting of that name."""
+    and ``fsdp_defer_gradient_sync`` are :class:`~lrft.backends.train.fsdp2.FSDP2Config`'s
+    ``reshard_after_forward`` and ``defer_gradient_sync``."""
 
     sequences: int = attrs.field(validator=v.positive_int)
     prompt_tokens: int = attrs.field(validator=v.positive_int)
@@ -133,6 +134,7 @@ class TrainMfuSpec:
     warmup_steps: int = attrs.field(default=1, validator=v.non_negative)
     gradient_checkpointing: bool = False
     fsdp_reshard_after_forward: bool = True
+    fsdp_defer_gradient_sync: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.sequences % self.micro_train_batch_size:

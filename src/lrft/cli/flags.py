@@ -314,6 +314,13 @@ FLAGS: tuple[Flag, ...] = (
         "each trained model (policy, critic) during its update",
     ),
     Flag(
+        name="fsdp_defer_gradient_sync",
+        kind=bool,
+        help="with several micro-batches per optimizer step, reduce FSDP2 gradients (and gather "
+        "weights) once per step instead of once per micro-batch, holding unsharded fp32 gradients "
+        "and gathered weights through the step (on one GPU only the weights are extra)",
+    ),
+    Flag(
         name="zero_stage",
         kind=int,
         choices=None,

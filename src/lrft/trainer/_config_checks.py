@@ -103,6 +103,7 @@ def check_training_settings(config: TrainConfig) -> None:
     fsdp_only = {
         "fsdp_cpu_offload": config.fsdp_cpu_offload,
         "fsdp_reshard_after_forward": not config.fsdp_reshard_after_forward,
+        "fsdp_defer_gradient_sync": config.fsdp_defer_gradient_sync,
     }
     for name, changed in fsdp_only.items():
         if config.zero_stage is not None and changed:
@@ -114,6 +115,11 @@ def check_training_settings(config: TrainConfig) -> None:
         raise ConfigError(
             f"deepspeed_config {config.deepspeed_config!r} needs zero_stage (1, 2 or 3): "
             "without it lrft trains with FSDP2"
+        )
+    if config.fsdp_cpu_offload and config.fsdp_defer_gradient_sync:
+        raise ConfigError(
+            "fsdp_defer_gradient_sync keeps unreduced gradients on the device between "
+            "micro-batches, but fsdp_cpu_offload keeps every part on the host: choose one"
         )
     if config.fsdp_cpu_offload and config.adam_offload:
         raise ConfigError(

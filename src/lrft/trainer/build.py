@@ -96,6 +96,7 @@ def train_backend(config: TrainConfig) -> TrainBackend:
             FSDP2Config(
                 cpu_offload=config.fsdp_cpu_offload,
                 reshard_after_forward=config.fsdp_reshard_after_forward,
+                defer_gradient_sync=config.fsdp_defer_gradient_sync,
             )
         )
     # imported here: deepspeed is an optional dependency and lrft never imports it unasked

@@ -205,6 +205,8 @@ class TrainConfig:
     fsdp_cpu_offload: bool = False
     fsdp_reshard_after_forward: bool = True
     """Free each FSDP2 layer's gathered weights after its forward (False: keep them to backward)."""
+    fsdp_defer_gradient_sync: bool = False
+    """Reduce FSDP2 gradients once per optimizer step instead of once per micro-batch."""
     zero_stage: int | None = attrs.field(default=None, validator=f.zero_stage)
     """Train with DeepSpeed ZeRO at this stage instead of FSDP2 (``None``: FSDP2)."""
     deepspeed_config: str | None = None

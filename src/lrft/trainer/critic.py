@@ -162,7 +162,10 @@ class CriticUpdate:
                     mask,
                     value_clip=self.value_clip,
                 )
-                critic.backward(output.loss / self.accumulation)
+                critic.backward(
+                    output.loss / self.accumulation,
+                    sync_gradients=pending + 1 == self.accumulation,
+                )
                 metrics = {
                     "value_loss": float(output.loss.detach()),
                     "value_clip_fraction": float(output.clip_fraction),

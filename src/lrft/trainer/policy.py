@@ -222,19 +222,25 @@ class PolicyUpdate:
                 )
             for start in range(0, len(groups), self.accumulation):
                 step_groups = groups[start : start + self.accumulation]
+                # Every backward but the step's last may leave its gradients unreduced.
                 if self.max_tokens_per_micro_batch is None:
-                    for rows in step_groups:
+                    for index, rows in enumerate(step_groups):
                         loss, values = self.micro_batch_loss(
                             actor.module, buffer.select(rows), device
                         )
-                        actor.backward(loss / self.accumulation)
+                        last = index == len(step_groups) - 1
+                        actor.backward(loss / self.accumulation, sync_gradients=last)
                         record(values)
                 else:
                     plan = plan_step(
                         step_groups, buffer.row_lengths(), self.max_tokens_per_micro_batch
                     )
-                    for micro in equalize_across_ranks(plan, device):
-                        self._packed_backward(actor, buffer, step_groups, micro, device, record)
+                    passes = equalize_across_ranks(plan, device)
+                    for index, micro in enumerate(passes):
+                        last = index == len(passes) - 1
+                        self._packed_backward(
+                            actor, buffer, step_groups, micro, device, record, last=last
+                        )
                 report = actor.step()
                 record(
                     {
@@ -254,9 +260,12 @@ class PolicyUpdate:
         micro: PackedMicroBatch,
         device: torch.device,
         record: Callable[[dict[str, float]], None],
+        *,
+        last: bool,
     ) -> None:
         """One forward over a packed micro-batch, then the loss of each fixed micro-batch's
-        rows in it (scaled by their share), back-propagated together."""
+        rows in it (scaled by their share), back-propagated together (``last``: the step's last
+        pass, which reduces the gradients)."""
         batch = buffer.select(micro.buffer_rows)
         logprobs, entropy = self.forward(actor.module, batch, device)
         losses = []
@@ -276,4 +285,4 @@ class PolicyUpdate:
             record(values)
         # A padding micro-batch (no parts) still back-propagates, as a collective, to no effect.
         total = torch.stack(losses).sum() if losses else logprobs.sum() * 0.0
-        actor.backward(total / self.accumulation)
+        actor.backward(total / self.accumulation, sync_gradients=last)

@@ -108,3 +108,11 @@ def test_bad_workloads_are_named(tmp_path: Path, changes: dict[str, object], mes
 def test_unknown_workload_names_the_choices() -> None:
     with pytest.raises(ConfigError, match=r"'nope' is neither a built-in one \(w1, qwen2-1.5b"):
         load_workload("nope")
+
+
+def test_all_gather_seconds_counts_the_bytes_a_rank_receives() -> None:
+    from lrft.bench.sync import all_gather_seconds
+
+    # 4 GB over 2 ranks: each receives the 2 GB it lacks, at 100 GB/s of bus bandwidth
+    assert all_gather_seconds(4_000_000_000, 2, 100.0) == pytest.approx(0.02)
+    assert all_gather_seconds(4_000_000_000, 4, 100.0) == pytest.approx(0.03)

@@ -131,6 +131,14 @@ def test_engine_memory_share_by_device(monkeypatch: pytest.MonkeyPatch) -> None:
             {"zero_stage": 2, "fsdp_reshard_after_forward": False},
             r"fsdp_reshard_after_forward is an FSDP2 setting, but zero_stage=2",
         ),
+        (
+            {"zero_stage": 3, "fsdp_defer_gradient_sync": True},
+            r"fsdp_defer_gradient_sync is an FSDP2 setting, but zero_stage=3",
+        ),
+        (
+            {"fsdp_defer_gradient_sync": True, "fsdp_cpu_offload": True},
+            r"fsdp_defer_gradient_sync keeps unreduced gradients .* choose one",
+        ),
         ({"deepspeed_config": "ds.json"}, r"deepspeed_config 'ds.json' needs zero_stage"),
     ],
 )

@@ -224,7 +224,7 @@ class _Recorder:
         self.module = module
         self.losses: list[float] = []
 
-    def backward(self, loss: Tensor) -> None:
+    def backward(self, loss: Tensor, *, sync_gradients: bool = True) -> None:
         self.losses.append(loss.item())
 
     def step(self) -> StepReport:

@@ -34,11 +34,15 @@ class GradientRecorder:
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
         self.steps: list[list[Tensor]] = []
+        # each step's backwards: whether each one asked to reduce the gradients
+        self.syncs: list[list[bool]] = [[]]
 
-    def backward(self, loss: Tensor) -> None:
+    def backward(self, loss: Tensor, *, sync_gradients: bool = True) -> None:
         torch.autograd.backward(loss)
+        self.syncs[-1].append(sync_gradients)
 
     def step(self) -> StepReport:
+        self.syncs.append([])
         grads = [
             torch.zeros_like(p) if p.grad is None else p.grad.clone()
             for p in self.module.parameters()
@@ -88,6 +92,10 @@ def _run(update: PolicyUpdate, batch: ExperienceBatch) -> list[list[Tensor]]:
     buffer = ReplayBuffer(seed=5)
     buffer.append(batch)
     update.run(recorder, buffer, step=0, device=CPU)  # type: ignore[arg-type]  # a stand-in
+    # Only each optimizer step's last backward reduces the gradients (the others may defer).
+    for syncs in recorder.syncs[:-1]:
+        assert syncs == [False] * (len(syncs) - 1) + [True]
+    assert recorder.syncs[-1] == []
     return recorder.steps
 
 

@@ -170,7 +170,10 @@ class DeepSpeedTrainableModel(DeepSpeedFrozenModel):
     def optimizer_steps(self) -> int:
         return self._steps
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, *, sync_gradients: bool = True) -> None:
+        # sync_gradients is a hint DeepSpeed does not need: its reduction follows its own
+        # stage's rules, and step() is the boundary either way.
+        del sync_gradients
         self._require_on_device((ModelPart.PARAMETERS, ModelPart.GRADIENTS), "backward")
         # The config has gradient_accumulation_steps=1 and scale_wrt_gas=False: nothing divides
         # the loss; DeepSpeed only accumulates until step().

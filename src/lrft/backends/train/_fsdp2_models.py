@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterator
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Shard
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -130,10 +132,12 @@ class FSDP2FrozenModel(OffloadableModel):
         self._module = module
         self._device = device
         self._host_resident = host_resident
-        # Hugging Face names and parameters in module order, listed once: walking the wrapped
-        # module costs more than a world-1 sync's copies. FSDP2 keeps the Parameter objects for
-        # the module's life (moves and checkpoint loads replace their data in place).
-        self._named: list[tuple[str, torch.nn.Parameter]] | None = None
+        # Hugging Face names and sharded parameters in module order, listed once, now, while
+        # every unit is sharded (later a unit kept gathered after its forward lists its gathered
+        # copies instead): walking the wrapped module costs more than a world-1 sync's copies,
+        # and FSDP2 keeps these Parameter objects for the module's life (moves and checkpoint
+        # loads replace their data in place).
+        self._named = [(hf_name(name), p) for name, p in module.named_parameters()]
 
     @property
     def module(self) -> torch.nn.Module:
@@ -149,8 +153,6 @@ class FSDP2FrozenModel(OffloadableModel):
     def _buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
-        if self._named is None:
-            self._named = [(hf_name(name), p) for name, p in self._module.named_parameters()]
         for name, param in self._named:
             # The size is known from the global shape before gathering, so the previous bucket
             # is handed out (and can be released) before the next one is materialised.
@@ -191,8 +193,12 @@ class FSDP2TrainableModel(FSDP2FrozenModel):
         device: torch.device,
         movable: frozenset[ModelPart],
         host_resident: bool,
+        defer_gradient_sync: bool = False,
     ) -> None:
         super().__init__(module, device=device, movable=movable, host_resident=host_resident)
+        self._defer_gradient_sync = defer_gradient_sync
+        # True between a backward that deferred its reduction and the one that reduces.
+        self._unsynced = False
         self._optimizer = optimizer
         self._scheduler = scheduler
         self._max_grad_norm = max_grad_norm
@@ -217,11 +223,26 @@ class FSDP2TrainableModel(FSDP2FrozenModel):
     def optimizer_steps(self) -> int:
         return self._steps
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, *, sync_gradients: bool = True) -> None:
         self._require_on_device((ModelPart.PARAMETERS, ModelPart.GRADIENTS), "backward")
+        defer = self._defer_gradient_sync and not sync_gradients
+        module = cast(FSDPModule, self._module)
+        # Deferred: gradients accumulate unsharded, unreduced, and the gathered parameters stay
+        # for the next micro-batch's forward; the reducing backward reshards as usual.
+        module.set_requires_gradient_sync(not defer)
+        module.set_reshard_after_backward(not defer)
         torch.autograd.backward(loss)
+        self._unsynced = defer
+
+    def _require_synced(self, action: str) -> None:
+        if self._unsynced:
+            raise RuntimeError(
+                f"cannot {action} after backward(sync_gradients=False): the gradients are not "
+                "reduced yet; the optimizer step's last backward must pass sync_gradients=True"
+            )
 
     def step(self) -> StepReport:
+        self._require_synced("step")
         self._require_on_device(tuple(ModelPart), "step")
         grads = [p.grad for p in self._params if p.grad is not None]
         total_norm = _global_norm(grads, self._device)
@@ -249,6 +270,7 @@ class FSDP2TrainableModel(FSDP2FrozenModel):
         self._steps = checkpoint.load(directory, self._module, self._optimizer, self._scheduler)
 
     def _move_part(self, part: ModelPart, *, to_host: bool) -> None:
+        self._require_synced("offload or reload")
         device = self._destination(to_host)
         if part is ModelPart.OPTIMIZER:
             for state in self._optimizer.state.values():

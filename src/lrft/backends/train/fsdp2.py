@@ -67,11 +67,25 @@ class FSDP2Config:
         from forward to backward: one all-gather per layer and micro-batch instead of two, at the
         cost of holding every layer's gathered compute-dtype parameters (a full copy of the model
         in bf16 on CUDA) until the backward frees them. Frozen models always reshard.
+    defer_gradient_sync: honour ``backward(sync_gradients=False)``: the micro-batches before an
+        optimizer step's last one accumulate their gradients unsharded and unreduced, and keep
+        the gathered parameters for the next forward (one reduce-scatter and one all-gather per
+        layer and step instead of one per micro-batch). It holds a full unsharded fp32 copy of
+        the gradients and the gathered compute-dtype parameters through the step; on one rank,
+        where a shard is the whole tensor, only the latter is extra.
     """
 
     mixed_precision: bool | None = None
     cpu_offload: bool = False
     reshard_after_forward: bool = True
+    defer_gradient_sync: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.defer_gradient_sync and self.cpu_offload:
+            raise ValueError(
+                "FSDP2Config: defer_gradient_sync=True keeps unsharded gradients on the device "
+                "between micro-batches, which cpu_offload=True (every part on the host) rules out"
+            )
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -148,7 +162,12 @@ class FSDP2Backend:
         schedule = scheduler if scheduler is not None else SchedulerConfig()
         lr_scheduler = LambdaLR(adamw, _multiplier(schedule))
         return FSDP2TrainableModel(
-            model, adamw, lr_scheduler, max_grad_norm=optimizer.max_grad_norm, **self._placing()
+            model,
+            adamw,
+            lr_scheduler,
+            max_grad_norm=optimizer.max_grad_norm,
+            defer_gradient_sync=self._config.defer_gradient_sync,
+            **self._placing(),
         )
 
     def prepare_frozen(self, model: torch.nn.Module) -> FSDP2FrozenModel:

@@ -146,14 +146,22 @@ def training_matches_reference(suite: Suite, *, steps: int) -> float:
     return worst
 
 
-def accumulation_matches_one_batch(suite: Suite, *, micro_batches: int) -> float:
+def accumulation_matches_one_batch(
+    suite: Suite, *, micro_batches: int, defer_sync: bool = False
+) -> float:
+    """``defer_sync``: every micro-batch but the last passes ``sync_gradients=False``."""
     backend = suite.make_backend()
     model = _trainable(suite, backend, 1, tied=True)
     reference = _reference(suite, backend, 1, tied=True)
     for step in range(2):
         tokens = _whole_batch(step, backend, per_rank=BATCH_PER_RANK * micro_batches)
-        for micro in rank_share(tokens).chunk(micro_batches):
-            model.backward(lm_loss(model.module, micro) / micro_batches)
+        micros = rank_share(tokens).chunk(micro_batches)
+        for index, micro in enumerate(micros):
+            last = index == len(micros) - 1
+            model.backward(
+                lm_loss(model.module, micro) / micro_batches,
+                sync_gradients=last or not defer_sync,
+            )
         report = model.step()
         check_report_matches(report.grad_norm, report.lr, reference.step(tokens), step)
     what = f"parameters after {micro_batches} accumulated micro-batches per step"

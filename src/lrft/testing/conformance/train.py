@@ -87,6 +87,12 @@ class TrainBackendSuite(DistributedSuite, Generic[B], abc.ABC):
         diffs = pool.run(ranks.accumulation_matches_one_batch, type(self), micro_batches=2)
         print(f"2 micro-batches at world {len(diffs)}: max abs diff {max(diffs):.2e}")
 
+    def test_deferred_gradient_sync_matches_one_batch(self, pool: RankPool) -> None:
+        diffs = pool.run(
+            ranks.accumulation_matches_one_batch, type(self), micro_batches=3, defer_sync=True
+        )
+        print(f"3 micro-batches, sync deferred, at world {len(diffs)}: max abs {max(diffs):.2e}")
+
     def test_non_finite_gradient_skips_step(self, pool: RankPool) -> None:
         diffs = pool.run(ranks.non_finite_gradient_skips_step, type(self))
         print(f"after a skipped step at world {len(diffs)}: max abs diff {max(diffs):.2e}")
