@@ -74,7 +74,10 @@ class ReplicaModel:
 
     reload = offload
 
-    def full_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    def full_weights(
+        self, bucket_bytes: int, *, gather_dtype: torch.dtype | None = None
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        del gather_dtype  # nothing is gathered: every rank holds the whole model
         named = list(self._module.named_parameters())
         if self._defect == "drops_a_tensor":
             named = named[:-1]

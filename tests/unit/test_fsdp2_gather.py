@@ -65,3 +65,42 @@ class TestGatherWorld2(DistributedSuite):
                 "second.weight",
                 "second.bias",
             ]
+
+
+def _gathered_in(gather_dtype: torch.dtype) -> dict[str, tuple[torch.dtype, bool]]:
+    """Each full tensor's dtype, and whether it equals the unsharded tensor cast to it."""
+    from lrft.backends.train.fsdp2 import FSDP2Backend
+
+    current_rank_context()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = _Uneven()
+    expected = {name: p.detach().clone() for name, p in model.named_parameters()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        frozen = FSDP2Backend().prepare_frozen(model)
+    return {
+        name: (tensor.dtype, torch.equal(tensor, expected[name].to(tensor.dtype)))
+        for bucket in frozen.full_weights(1 << 20, gather_dtype=gather_dtype)
+        for name, tensor in bucket
+    }
+
+
+class TestGatherDtypeWorld2(DistributedSuite):
+    world_size = 2
+
+    def test_shards_are_cast_before_the_all_gather(self, pool: RankPool) -> None:
+        for result in pool.run(_gathered_in, torch.float16):
+            # every floating-point parameter, fp32 and bf16 alike, travels in the asked dtype
+            assert result == {name: (torch.float16, True) for name in result}
+
+
+def _dtypes_on_one_rank() -> set[torch.dtype]:
+    return {dtype for dtype, _ in _gathered_in(torch.float16).values()}
+
+
+class TestGatherDtypeWorld1(DistributedSuite):
+    world_size = 1
+
+    def test_one_rank_gathers_nothing_and_casts_nothing(self, pool: RankPool) -> None:
+        assert pool.run(_dtypes_on_one_rank) == [{torch.float32, torch.bfloat16}]

@@ -40,7 +40,9 @@ NamedTensors = Sequence[tuple[str, torch.Tensor]]
 class WeightSource(Protocol):
     """Anything that can hand out its full weights in Hugging Face names, bucket by bucket."""
 
-    def full_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    def full_weights(
+        self, bucket_bytes: int, *, gather_dtype: torch.dtype | None = None
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Yield every parameter once, gathered to its full shape, in Hugging Face names.
 
         Collective over the backend's process group: every rank iterates the whole generator
@@ -51,6 +53,11 @@ class WeightSource(Protocol):
         write to it (it may be the parameter itself, on a single rank). Only the
         current bucket is materialised, never the whole model. Tied parameters appear once, under
         the name ``named_parameters()`` gives them.
+
+        ``gather_dtype`` is a hint from a caller that will store the weights in that dtype: a
+        backend that communicates to gather floating-point parameters may cast them to it first,
+        moving fewer bytes, and yield them in it. Every tensor comes in ``gather_dtype`` or in
+        its parameter's dtype, never another; the bucket bound counts the bytes as yielded.
         """
         ...
 

@@ -67,8 +67,11 @@ class DirectSync:
             engine.wake([EnginePart.WEIGHTS])
         stream = _Stream(specs=specs, name_map=self.name_map, verify=self.verify)
         sent: dict[str, str] = {}
+        # Sources that communicate to gather may then cast first and move fewer bytes.
+        dtypes = {spec.dtype for spec in specs.values()}
+        gather_dtype = dtypes.pop() if len(dtypes) == 1 else None
         with engine.weight_update(version) as load:
-            stream.run(source.full_weights(self.bucket_bytes), load)
+            stream.run(source.full_weights(self.bucket_bytes, gather_dtype=gather_dtype), load)
             stream.check_complete()
             if self.verify:
                 sent = stream.sent_digests.resolve()

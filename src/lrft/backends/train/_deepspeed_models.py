@@ -112,9 +112,14 @@ class DeepSpeedFrozenModel(OffloadableModel):
         """The DeepSpeed engine wrapping the model, ``None`` for a plain replica."""
         return self._engine
 
-    def full_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    def full_weights(
+        self, bucket_bytes: int, *, gather_dtype: torch.dtype | None = None
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Greedy in-order buckets of full tensors in Hugging Face names. Collective. ZeRO-3
-        gathers one bucket at a time, on the device: partitioned parameters must be there."""
+        gathers one bucket at a time, on the device: partitioned parameters must be there.
+        ``gather_dtype`` is not used: ZeRO-3 gathers its partitions in their own dtype (bf16 on
+        CUDA already), and the other stages hold whole parameters."""
+        del gather_dtype
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
         named = hf_named_parameters(self._inner)

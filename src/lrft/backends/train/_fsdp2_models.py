@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -56,26 +57,44 @@ def _row_sharded(param: torch.Tensor) -> bool:
     )
 
 
+def gathered_dtype(param: torch.Tensor, gather_dtype: torch.dtype | None) -> torch.dtype:
+    """The dtype :func:`gather_full` yields ``param`` in: ``gather_dtype`` for a floating-point
+    parameter row-sharded over several ranks (cast before the collective), else its own."""
+    if (
+        gather_dtype is not None
+        and param.dtype.is_floating_point
+        and gather_dtype.is_floating_point
+        and _row_sharded(param)
+        and cast(DTensor, param).device_mesh.size() > 1
+    ):
+        return gather_dtype
+    return param.dtype
+
+
 @torch.no_grad()
 def gather_full(
-    named: list[tuple[str, torch.Tensor]], device: torch.device
+    named: list[tuple[str, torch.Tensor]],
+    device: torch.device,
+    gather_dtype: torch.dtype | None = None,
 ) -> list[tuple[str, torch.Tensor]]:
     """The full tensors of ``named`` (same order), gathered with one collective per mesh and
-    dtype instead of one per tensor. Collective over the parameters' meshes.
+    dtype instead of one per tensor. Collective over the parameters' meshes. Row-sharded
+    floating-point parameters are cast to ``gather_dtype`` (when given) before the collective.
 
     On a 1-rank mesh the local shard is the whole tensor: it is returned as it is, with no
-    collective and no copy.
+    collective, no cast and no copy.
     """
     full: list[torch.Tensor | None] = [None] * len(named)
     batches: dict[tuple[int, torch.dtype], list[int]] = {}
     for index, (_, param) in enumerate(named):
         if _row_sharded(param):
             assert isinstance(param, DTensor)
-            batches.setdefault((id(param.device_mesh), param.dtype), []).append(index)
+            dtype = gathered_dtype(param, gather_dtype)
+            batches.setdefault((id(param.device_mesh), dtype), []).append(index)
         else:
             full[index] = _full_tensor(param, device)
-    for indices in batches.values():
-        gathered = _gather_rows([named[i][1] for i in indices], device)
+    for (_, dtype), indices in batches.items():
+        gathered = _gather_rows([named[i][1] for i in indices], device, dtype)
         for index, tensor in zip(indices, gathered, strict=True):
             full[index] = tensor
     return [
@@ -83,9 +102,12 @@ def gather_full(
     ]
 
 
-def _gather_rows(params: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """One ``all_gather_into_tensor`` of every row-sharded parameter in ``params`` (one mesh,
-    one dtype): each rank's shard is padded to ``ceil(rows / world)`` rows in one flat buffer."""
+def _gather_rows(
+    params: list[torch.Tensor], device: torch.device, dtype: torch.dtype
+) -> list[torch.Tensor]:
+    """One ``all_gather_into_tensor`` of every row-sharded parameter in ``params`` (one mesh),
+    in ``dtype``: each rank's shard is cast into a flat buffer, padded to ``ceil(rows / world)``
+    rows. On one rank the shards are returned as they are."""
     first = params[0]
     assert isinstance(first, DTensor)
     mesh = first.device_mesh
@@ -95,12 +117,14 @@ def _gather_rows(params: list[torch.Tensor], device: torch.device) -> list[torch
         return [shard.detach().to(device) for shard in shards]
     rows = [-(-p.shape[0] // world) for p in params]
     widths = [r * math.prod(p.shape[1:]) for r, p in zip(rows, params, strict=True)]
-    send = torch.zeros(sum(widths), dtype=first.dtype, device=device)
-    offset = 0
-    for shard, width in zip(shards, widths, strict=True):
-        send[offset : offset + shard.numel()].copy_(shard.reshape(-1))
-        offset += width
-    received = torch.empty(world * send.numel(), dtype=first.dtype, device=device)
+    send = torch.zeros(sum(widths), dtype=dtype, device=device)
+    offsets = [0, *itertools.accumulate(widths)][:-1]
+    # one fused copy (and cast) of every shard into its slot
+    torch._foreach_copy_(
+        [send[o : o + s.numel()] for o, s in zip(offsets, shards, strict=True)],
+        [s.detach().reshape(-1) for s in shards],
+    )
+    received = torch.empty(world * send.numel(), dtype=dtype, device=device)
     all_gather_into(received, send, group=mesh.get_group())
     by_rank = received.view(world, send.numel())
     out = []
@@ -143,27 +167,33 @@ class FSDP2FrozenModel(OffloadableModel):
     def module(self) -> torch.nn.Module:
         return self._module
 
-    def full_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    def full_weights(
+        self, bucket_bytes: int, *, gather_dtype: torch.dtype | None = None
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Greedy in-order buckets of gathered parameters, on the device (gathered there even
-        while the parameters are offloaded). Collective."""
+        while the parameters are offloaded). Collective. With several ranks, floating-point
+        parameters are cast to ``gather_dtype`` before the all-gather; on one rank nothing is
+        gathered, so nothing is cast (the caller's copy casts for free)."""
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-        return self._buckets(bucket_bytes)
+        return self._buckets(bucket_bytes, gather_dtype)
 
-    def _buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    def _buckets(
+        self, bucket_bytes: int, gather_dtype: torch.dtype | None
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         for name, param in self._named:
             # The size is known from the global shape before gathering, so the previous bucket
             # is handed out (and can be released) before the next one is materialised.
-            nbytes = param.numel() * param.element_size()
+            nbytes = param.numel() * gathered_dtype(param, gather_dtype).itemsize
             if bucket and size + nbytes > bucket_bytes:
-                yield gather_full(bucket, self._device)
+                yield gather_full(bucket, self._device, gather_dtype)
                 bucket, size = [], 0
             bucket.append((name, param))
             size += nbytes
         if bucket:
-            yield gather_full(bucket, self._device)
+            yield gather_full(bucket, self._device, gather_dtype)
 
     def _destination(self, to_host: bool) -> torch.device:
         return torch.device("cpu") if to_host else self._device

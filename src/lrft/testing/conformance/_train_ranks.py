@@ -194,20 +194,34 @@ def non_finite_gradient_skips_step(suite: Suite) -> float:
     )
 
 
-def _collect(source: WeightSource, bound: int) -> list[list[tuple[str, torch.Tensor]]]:
+def _collect(
+    source: WeightSource, bound: int, gather_dtype: torch.dtype | None = None
+) -> list[list[tuple[str, torch.Tensor]]]:
     # A yielded tensor is only valid until the next bucket is requested: keep copies.
     return [
         [(name, t.detach().to("cpu", copy=True)) for name, t in b]
-        for b in source.full_weights(bound)
+        for b in source.full_weights(bound, gather_dtype=gather_dtype)
     ]
 
 
-def _check_full_weights(source: WeightSource, expected: dict[str, torch.Tensor], what: str) -> int:
-    buckets = _collect(source, BUCKET_BYTES)
+def _check_full_weights(
+    source: WeightSource,
+    expected: dict[str, torch.Tensor],
+    what: str,
+    gather_dtype: torch.dtype | None = None,
+) -> int:
+    """With ``gather_dtype``, a tensor may come in that dtype (then equal to the expected one
+    cast to it) or in its own."""
+    buckets = _collect(source, BUCKET_BYTES, gather_dtype)
     check_buckets(buckets, BUCKET_BYTES, what)
     names = [name for bucket in buckets for name, _ in bucket]
     check_names(names, list(expected), what)
-    assert_identical(dict(pair for bucket in buckets for pair in bucket), expected, what)
+    got = dict(pair for bucket in buckets for pair in bucket)
+    wanted = dict(expected)
+    for name, tensor in got.items():
+        if tensor.dtype == gather_dtype and wanted[name].dtype != gather_dtype:
+            wanted[name] = wanted[name].to(gather_dtype)
+    assert_identical(got, wanted, what)
     return len(buckets)
 
 
@@ -222,6 +236,9 @@ def full_weights_complete_exact_bucketed(suite: Suite) -> None:
         _train_step(model, None, _whole_batch(0, backend), 0)
         trained = host_copies(suite.gathered_parameters(model))
         _check_full_weights(model, trained, f"{what} after a step")
+        _check_full_weights(
+            model, trained, f"{what} with gather_dtype=float16", gather_dtype=torch.float16
+        )
 
 
 def offload_reload_parameters(suite: Suite) -> None:

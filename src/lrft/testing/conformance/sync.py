@@ -269,8 +269,10 @@ class _MisshapenHead:
     def __init__(self, source: TrainableModel) -> None:
         self._source = source
 
-    def full_weights(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        buckets = self._source.full_weights(bucket_bytes)
+    def full_weights(
+        self, bucket_bytes: int, *, gather_dtype: torch.dtype | None = None
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        buckets = self._source.full_weights(bucket_bytes, gather_dtype=gather_dtype)
         (name, tensor), *rest = next(buckets)
         yield [(name, tensor.reshape(-1)[:-1]), *rest]
         yield from buckets
