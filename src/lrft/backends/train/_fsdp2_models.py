@@ -60,9 +60,10 @@ def _row_sharded(param: torch.Tensor) -> bool:
 def gathered_dtype(param: torch.Tensor, gather_dtype: torch.dtype | None) -> torch.dtype:
     """The dtype :func:`gather_full` yields ``param`` in: ``gather_dtype`` for a floating-point
     parameter row-sharded over several ranks (cast before the collective), else its own."""
+    if gather_dtype is None:
+        return param.dtype
     if (
-        gather_dtype is not None
-        and param.dtype.is_floating_point
+        param.dtype.is_floating_point
         and gather_dtype.is_floating_point
         and _row_sharded(param)
         and cast(DTensor, param).device_mesh.size() > 1
@@ -183,6 +184,8 @@ class FSDP2FrozenModel(OffloadableModel):
     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
+        if dist.get_world_size() == 1:
+            gather_dtype = None  # nothing is gathered, so nothing is cast (and nothing checked)
         for name, param in self._named:
             # The size is known from the global shape before gathering, so the previous bucket
             # is handed out (and can be released) before the next one is materialised.
