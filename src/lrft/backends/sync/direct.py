@@ -118,14 +118,16 @@ class _Stream:
         names: list[str] = []
         specs: list[TensorSpec] = []
         tensors: list[torch.Tensor] = []
+        # Runs once per tensor per sync: kept to dictionary lookups and comparisons.
+        rename = None if self.name_map is _identity else self.name_map
         for source_name, tensor in bucket:
-            name = self.name_map(source_name)
+            name = source_name if rename is None else rename(source_name)
             spec = self.specs.get(name)
             if spec is None:
                 raise WeightSyncError(
                     f"the engine has no weight {name!r} (trainer name {source_name!r})"
                 )
-            if tuple(tensor.shape) != spec.shape:
+            if tensor.shape != spec.shape:
                 raise WeightSyncError(
                     f"weight {name!r}: trainer shape {tuple(tensor.shape)} != engine shape "
                     f"{spec.shape}"
@@ -135,7 +137,7 @@ class _Stream:
             self.sent_bytes[name] = tensor.numel() * spec.dtype.itemsize
             names.append(name)
             specs.append(spec)
-            tensors.append(tensor.detach())
+            tensors.append(tensor.detach() if tensor.requires_grad else tensor)
         if not self.verify or not tensors:
             # The engine casts while it copies: no intermediate copy of the bucket.
             return list(zip(names, tensors, strict=True))

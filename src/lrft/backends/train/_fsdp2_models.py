@@ -182,10 +182,11 @@ class FSDP2FrozenModel(OffloadableModel):
     def _buckets(
         self, bucket_bytes: int, gather_dtype: torch.dtype | None
     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        if dist.get_world_size() == 1:
+            yield from self._local_buckets(bucket_bytes)
+            return
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
-        if dist.get_world_size() == 1:
-            gather_dtype = None  # nothing is gathered, so nothing is cast (and nothing checked)
         for name, param in self._named:
             # The size is known from the global shape before gathering, so the previous bucket
             # is handed out (and can be released) before the next one is materialised.
@@ -197,6 +198,29 @@ class FSDP2FrozenModel(OffloadableModel):
             size += nbytes
         if bucket:
             yield gather_full(bucket, self._device, gather_dtype)
+
+    @torch.no_grad()
+    def _local_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """One rank: each shard is the whole tensor, so a bucket is the shards themselves (moved
+        to the device if they are on the host). This is the hot loop of a colocated sync on one
+        GPU, run once per parameter: it reads ``_local_tensor`` directly, because ``to_local``
+        re-wraps the shard as a Parameter view on every call, which costs more than the copy of
+        a small tensor."""
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        device = self._device
+        for name, param in self._named:
+            local = param._local_tensor if isinstance(param, DTensor) else param
+            if local.device != device:
+                local = local.to(device)
+            nbytes = local.numel() * local.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, local.detach()))
+            size += nbytes
+        if bucket:
+            yield bucket
 
     def _destination(self, to_host: bool) -> torch.device:
         return torch.device("cpu") if to_host else self._device
