@@ -11,8 +11,10 @@ tensors; the rules live here, once.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Self
 
 import attrs
 import torch
@@ -274,3 +276,31 @@ class EngineLifecycle:
         first = not self._closed
         self._closed = True
         return first
+
+
+class LifecycleViews(abc.ABC):
+    """What every engine adapter answers straight from its :class:`EngineLifecycle`, and the
+    context-manager protocol (leaving the ``with`` block shuts the engine down)."""
+
+    _lifecycle: EngineLifecycle
+
+    @property
+    def state(self) -> EngineState:
+        return self._lifecycle.state
+
+    @property
+    def weights_version(self) -> int | None:
+        return self._lifecycle.weights_version
+
+    def parameter_specs(self) -> Mapping[str, TensorSpec]:
+        return dict(self._lifecycle.specs)
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Free the engine's resources; idempotent."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()

@@ -21,7 +21,7 @@ frees their storage; on a CPU device level 1 has nothing to move. TP 1 only.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol, cast
 
@@ -36,7 +36,6 @@ from lrft.api.errors import CapabilityNotSupported, ConfigError
 from lrft.api.protocols import NamedTensors, WeightLoader
 from lrft.api.types import (
     EnginePart,
-    EngineState,
     FinishReason,
     GenerationRequest,
     GenerationResult,
@@ -44,8 +43,9 @@ from lrft.api.types import (
     TensorSpec,
     WeightsResidency,
 )
+from lrft.backends.rollout import _weight_moves as weight_moves
 from lrft.backends.rollout._hf_decode import PAD_ID, StaticDecoder, static_decode_unsupported
-from lrft.backends.rollout._lifecycle import EngineLifecycle
+from lrft.backends.rollout._lifecycle import EngineLifecycle, LifecycleViews
 
 _DECODE_PATHS = ("auto", "generate", "static", "cuda_graph", "compiled")
 
@@ -94,7 +94,7 @@ def _default_device() -> torch.device:
     return torch.device("cpu")
 
 
-class HFRolloutEngine:
+class HFRolloutEngine(LifecycleViews):
     """A ``RolloutEngine`` (structurally) on a transformers causal LM; see ``lrft.api``.
 
     The engine takes ownership of ``model``: it moves and casts it, replaces its generation
@@ -202,17 +202,6 @@ class HFRolloutEngine:
         assert self._model is not None  # cleared only by shutdown, checked above
         return self._model
 
-    @property
-    def state(self) -> EngineState:
-        return self._lifecycle.state
-
-    @property
-    def weights_version(self) -> int | None:
-        return self._lifecycle.weights_version
-
-    def parameter_specs(self) -> Mapping[str, TensorSpec]:
-        return dict(self._lifecycle.specs)
-
     # --- generation --------------------------------------------------------------------------
 
     def generate(
@@ -301,9 +290,9 @@ class HFRolloutEngine:
         if self._decoder is not None:
             self._decoder.release()
         if plan.weights_to is WeightsResidency.RELEASED and plan.moves_weights:
-            self._release_weights()
+            weight_moves.release(self._params, self._device)
         elif plan.weights_to is WeightsResidency.PARKED and plan.moves_weights:
-            self._park_weights()
+            weight_moves.park(self._params, self._device)
         self._empty_device_cache()
         self._lifecycle.finish_sleep(plan)
 
@@ -313,41 +302,12 @@ class HFRolloutEngine:
         plan = self._lifecycle.plan_wake(parts)
         self._digest_plan = None
         if plan.weights_from is WeightsResidency.PARKED:
-            self._restore_weights()
+            weight_moves.restore(self._params, self._device)
         elif plan.weights_from is WeightsResidency.RELEASED:
-            self._allocate_weights()
+            weight_moves.allocate(self._params, self._lifecycle.specs, self._device)
         # The KV cache needs nothing here: the next generate allocates it (and captures the
         # static loop's graphs again, on the weights' new addresses).
         self._lifecycle.finish_wake(plan)
-
-    # Moving the weights changes their addresses (the static loop's graphs notice and capture
-    # again) but not their shapes, dtypes or devices once awake, which is all a compiled decode
-    # step guards on: it is not recompiled.
-
-    def _park_weights(self) -> None:
-        if self._device.type == "cpu":
-            return  # already in host memory
-        pin = self._device.type == "cuda"
-        for parameter in self._params.values():
-            host = torch.empty(parameter.shape, dtype=parameter.dtype, pin_memory=pin)
-            host.copy_(parameter.data)
-            parameter.data = host
-
-    def _restore_weights(self) -> None:
-        for parameter in self._params.values():
-            parameter.data = parameter.data.to(self._device, non_blocking=True)
-        if self._device.type == "cuda":
-            torch.cuda.synchronize(self._device)
-
-    def _release_weights(self) -> None:
-        for parameter in self._params.values():
-            # Replacing the data drops the only reference to the old storage, which frees it.
-            parameter.data = torch.empty(0, dtype=parameter.dtype, device=self._device)
-
-    def _allocate_weights(self) -> None:
-        for name, parameter in self._params.items():
-            spec = self._lifecycle.specs[name]
-            parameter.data = torch.empty(spec.shape, dtype=spec.dtype, device=self._device)
 
     def _empty_device_cache(self) -> None:
         if self._device.type == "cuda":
@@ -390,12 +350,6 @@ class HFRolloutEngine:
             self._digest_plan = None
             self._model = None
             self._empty_device_cache()
-
-    def __enter__(self) -> HFRolloutEngine:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.shutdown()
 
 
 def _generation_config(params: SamplingParams) -> GenerationConfig:

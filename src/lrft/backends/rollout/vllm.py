@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -38,11 +38,10 @@ import torch.distributed as dist
 from lrft.api import validators as v
 from lrft.api.capabilities import EngineCapabilities
 from lrft.api.digest import tensor_digests
-from lrft.api.errors import CapabilityNotSupported, ConfigError
+from lrft.api.errors import CapabilityNotSupported
 from lrft.api.protocols import NamedTensors, WeightLoader
 from lrft.api.types import (
     EnginePart,
-    EngineState,
     FinishReason,
     GenerationRequest,
     GenerationResult,
@@ -51,7 +50,8 @@ from lrft.api.types import (
     WeightsResidency,
 )
 from lrft.backends.rollout import _vllm_compat as compat
-from lrft.backends.rollout._lifecycle import EngineLifecycle, validate_batch
+from lrft.backends.rollout._lifecycle import EngineLifecycle, LifecycleViews, validate_batch
+from lrft.backends.rollout._vllm_layout import VLLMParam, describe_param, full_shape
 from lrft.dist.collectives import all_gather_objects, broadcast_object
 from lrft.dist.layout import RolloutLayout
 
@@ -87,19 +87,7 @@ class VLLMEngineConfig:
     seed: int = 0
 
 
-@attrs.frozen(kw_only=True)
-class _Param:
-    """One vLLM parameter and the Hugging Face tensors it holds."""
-
-    vllm_name: str
-    kind: str
-    hf_names: tuple[str, ...]
-    local_sizes: tuple[int, ...]  # rows of each piece in this rank's shard (fused only)
-    kv_replicas: int
-    org_vocab_size: int | None
-
-
-class VLLMRolloutEngine:
+class VLLMRolloutEngine(LifecycleViews):
     """A ``RolloutEngine`` (structurally) on vLLM in SPMD mode; see ``lrft.api`` and the module
     docstring. Construction is collective over the default process group (when there is one)."""
 
@@ -136,7 +124,7 @@ class VLLMRolloutEngine:
         )
         compat.collective_rpc(self._llm, compat.install_temperature_logprobs)
         [described] = compat.collective_rpc(self._llm, compat.describe_parameters)
-        self._params = [_param(entry) for entry in described]
+        self._params = [describe_param(entry) for entry in described]
         specs = self._hf_specs(described)
         aliases = {}
         if "lm_head.weight" not in specs and "model.embed_tokens.weight" in specs:
@@ -162,7 +150,7 @@ class VLLMRolloutEngine:
             tp = int(entry["tp_size"])
             for index, name in enumerate(param.hf_names):
                 specs[name] = TensorSpec(
-                    shape=_full_shape(param, local, tp, index), dtype=entry["dtype"]
+                    shape=full_shape(param, local, tp, index), dtype=entry["dtype"]
                 )
         return specs
 
@@ -181,17 +169,6 @@ class VLLMRolloutEngine:
         """The wrapped ``vllm.LLM`` (for backdoor reads in tests and advanced callers)."""
         self._lifecycle.check_open()
         return self._llm
-
-    @property
-    def state(self) -> EngineState:
-        return self._lifecycle.state
-
-    @property
-    def weights_version(self) -> int | None:
-        return self._lifecycle.weights_version
-
-    def parameter_specs(self) -> Mapping[str, TensorSpec]:
-        return dict(self._lifecycle.specs)
 
     # --- generation --------------------------------------------------------------------------
 
@@ -346,7 +323,7 @@ class VLLMRolloutEngine:
             weights.update(self._to_hf(param, local[param.vllm_name]))
         return weights
 
-    def _to_hf(self, param: _Param, shard: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _to_hf(self, param: VLLMParam, shard: torch.Tensor) -> dict[str, torch.Tensor]:
         if param.local_sizes:
             pieces = torch.split(shard, list(param.local_sizes), dim=0)
             full = {}
@@ -381,12 +358,6 @@ class VLLMRolloutEngine:
             self._pending.clear()
             compat.shutdown_llm(self._llm)
             self._llm = None
-
-    def __enter__(self) -> VLLMRolloutEngine:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.shutdown()
 
 
 def _results(
@@ -429,41 +400,6 @@ def _device_of(rank: int) -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
-
-
-def _param(entry: Mapping[str, Any]) -> _Param:
-    module, param_name = entry["module"], entry["param"]
-    pieces = entry.get("pieces")
-    if pieces:
-        parent = module.rsplit(".", 1)[0]
-        hf_names = tuple(f"{parent}.{piece}.{param_name}" for piece in pieces)
-        if len(entry["local_sizes"]) != len(pieces):
-            raise ConfigError(f"vLLM module {module!r}: cannot split {entry['local_sizes']}")
-    else:
-        hf_names = (f"{module}.{param_name}",)
-    return _Param(
-        vllm_name=f"{module}.{param_name}",
-        kind=entry["kind"],
-        hf_names=hf_names,
-        local_sizes=tuple(entry.get("local_sizes", ())) if pieces else (),
-        kv_replicas=int(entry.get("kv_replicas", 1)),
-        org_vocab_size=entry.get("org_vocab_size"),
-    )
-
-
-def _full_shape(param: _Param, local: tuple[int, ...], tp: int, index: int) -> tuple[int, ...]:
-    if param.local_sizes:
-        rows = param.local_sizes[index] * tp
-        if param.kind == "QKVParallelLinear" and index > 0:
-            rows //= param.kv_replicas
-        return (rows, *local[1:])
-    if param.org_vocab_size is not None:
-        return (param.org_vocab_size, *local[1:])
-    if param.kind == "ColumnParallelLinear":
-        return (local[0] * tp, *local[1:])
-    if param.kind == "RowParallelLinear" and param.vllm_name.endswith(".weight"):
-        return (local[0], local[1] * tp)
-    return local
 
 
 def _finish_reason(reason: str | None) -> FinishReason:
