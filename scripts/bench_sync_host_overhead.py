@@ -5,10 +5,11 @@ whatever the model size. On a GPU this work runs ahead of the kernels it launche
 exceeds their time it bounds the sync (W1's 774 MB copy takes ~0.7 ms on an H200, 2.4 us per
 tensor).
 
-Runs in one process on the CPU (FSDP2 at world 1, hf engine in bf16), prints one JSON object and
-writes it to ``--out``:
+Runs on the CPU (FSDP2, hf engine in bf16), in one process or under torchrun (each rank gathers
+from the gloo group; rank 0 prints one JSON object and writes it to ``--out``):
 
     PYTHONPATH=src python scripts/bench_sync_host_overhead.py --out overhead.json
+    PYTHONPATH=src torchrun --nproc_per_node 2 scripts/bench_sync_host_overhead.py
 """
 
 from __future__ import annotations
@@ -85,9 +86,11 @@ def main() -> None:
         "torch": torch.__version__,
         "cpu_threads": torch.get_num_threads(),
     }
-    text = json.dumps(result, indent=1)
-    print(text)
-    args.out.write_text(text + "\n")
+    result["world_size"] = torch.distributed.get_world_size()
+    if torch.distributed.get_rank() == 0:
+        text = json.dumps(result, indent=1)
+        print(text)
+        args.out.write_text(text + "\n")
 
 
 if __name__ == "__main__":

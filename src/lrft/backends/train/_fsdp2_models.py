@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Collection, Iterator
 from pathlib import Path
-from typing import cast
+from typing import NamedTuple, cast
 
 import torch
 import torch.distributed as dist
@@ -57,22 +56,29 @@ def _row_sharded(param: torch.Tensor) -> bool:
     )
 
 
-def gathered_dtype(param: torch.Tensor, gather_dtype: torch.dtype | None) -> torch.dtype:
-    """The dtype :func:`gather_full` yields ``param`` in: ``gather_dtype`` for a floating-point
-    parameter row-sharded over several ranks (cast before the collective), else its own."""
-    if gather_dtype is None:
-        return param.dtype
-    if (
-        param.dtype.is_floating_point
-        and gather_dtype.is_floating_point
-        and _row_sharded(param)
-        and cast(DTensor, param).device_mesh.size() > 1
-    ):
+class _Entry(NamedTuple):
+    """A parameter and the facts about its layout that a gather needs, read once (each read
+    goes through DTensor's Python properties)."""
+
+    name: str
+    param: torch.Tensor
+    mesh_ranks: int  # 0: not row-sharded (gathered by DTensor itself)
+    floating: bool
+
+
+def _entry(name: str, param: torch.Tensor) -> _Entry:
+    ranks = cast(DTensor, param).device_mesh.size() if _row_sharded(param) else 0
+    return _Entry(name, param, ranks, param.dtype.is_floating_point)
+
+
+def _gathered_dtype(entry: _Entry, gather_dtype: torch.dtype | None) -> torch.dtype:
+    """``gather_dtype`` for a floating-point parameter row-sharded over several ranks (cast
+    before the collective), else the parameter's own."""
+    if gather_dtype is not None and entry.floating and entry.mesh_ranks > 1:
         return gather_dtype
-    return param.dtype
+    return entry.param.dtype
 
 
-@torch.no_grad()
 def gather_full(
     named: list[tuple[str, torch.Tensor]],
     device: torch.device,
@@ -80,26 +86,37 @@ def gather_full(
 ) -> list[tuple[str, torch.Tensor]]:
     """The full tensors of ``named`` (same order), gathered with one collective per mesh and
     dtype instead of one per tensor. Collective over the parameters' meshes. Row-sharded
-    floating-point parameters are cast to ``gather_dtype`` (when given) before the collective.
+    floating-point parameters are cast to ``gather_dtype`` (when given, and a float dtype)
+    before the collective.
 
     On a 1-rank mesh the local shard is the whole tensor: it is returned as it is, with no
     collective, no cast and no copy.
     """
-    full: list[torch.Tensor | None] = [None] * len(named)
+    return _gather_entries([_entry(name, p) for name, p in named], device, gather_dtype)
+
+
+@torch.no_grad()
+def _gather_entries(
+    entries: list[_Entry], device: torch.device, gather_dtype: torch.dtype | None
+) -> list[tuple[str, torch.Tensor]]:
+    if gather_dtype is not None and not gather_dtype.is_floating_point:
+        gather_dtype = None
+    full: list[torch.Tensor | None] = [None] * len(entries)
     batches: dict[tuple[int, torch.dtype], list[int]] = {}
-    for index, (_, param) in enumerate(named):
-        if _row_sharded(param):
-            assert isinstance(param, DTensor)
-            dtype = gathered_dtype(param, gather_dtype)
-            batches.setdefault((id(param.device_mesh), dtype), []).append(index)
+    for index, entry in enumerate(entries):
+        if entry.mesh_ranks:
+            mesh = cast(DTensor, entry.param).device_mesh
+            batches.setdefault((id(mesh), _gathered_dtype(entry, gather_dtype)), []).append(index)
         else:
-            full[index] = _full_tensor(param, device)
+            full[index] = _full_tensor(entry.param, device)
     for (_, dtype), indices in batches.items():
-        gathered = _gather_rows([named[i][1] for i in indices], device, dtype)
+        gathered = _gather_rows([entries[i].param for i in indices], device, dtype)
         for index, tensor in zip(indices, gathered, strict=True):
             full[index] = tensor
     return [
-        (name, tensor) for (name, _), tensor in zip(named, full, strict=True) if tensor is not None
+        (entry.name, tensor)
+        for entry, tensor in zip(entries, full, strict=True)
+        if tensor is not None
     ]
 
 
@@ -113,29 +130,27 @@ def _gather_rows(
     assert isinstance(first, DTensor)
     mesh = first.device_mesh
     world = mesh.size()
-    shards = [p.to_local() if isinstance(p, DTensor) else p for p in params]
+    # _local_tensor: to_local() re-wraps each shard as a Parameter view, per parameter per sync
+    shards = [p._local_tensor if isinstance(p, DTensor) else p for p in params]
     if world == 1:
         return [shard.detach().to(device) for shard in shards]
     rows = [-(-p.shape[0] // world) for p in params]
     widths = [r * math.prod(p.shape[1:]) for r, p in zip(rows, params, strict=True)]
     send = torch.zeros(sum(widths), dtype=dtype, device=device)
-    offsets = [0, *itertools.accumulate(widths)][:-1]
-    # one fused copy (and cast) of every shard into its slot
+    # one fused copy (and cast) of every shard into its slot (padding rows stay zero)
+    slots = send.split_with_sizes(widths)
     torch._foreach_copy_(
-        [send[o : o + s.numel()] for o, s in zip(offsets, shards, strict=True)],
+        [slot[: s.numel()] for slot, s in zip(slots, shards, strict=True)],
         [s.detach().reshape(-1) for s in shards],
     )
     received = torch.empty(world * send.numel(), dtype=dtype, device=device)
     all_gather_into(received, send, group=mesh.get_group())
-    by_rank = received.view(world, send.numel())
-    out = []
-    offset = 0
-    for param, r, width in zip(params, rows, widths, strict=True):
-        # rank-major blocks of this parameter, made contiguous (a copy), padding rows cut off
-        block = by_rank[:, offset : offset + width].reshape(world * r, *param.shape[1:])
-        out.append(block[: param.shape[0]])
-        offset += width
-    return out
+    blocks = received.view(world, send.numel()).split_with_sizes(widths, dim=1)
+    # each parameter's rank-major blocks, made contiguous (a copy), padding rows cut off
+    return [
+        block.reshape(world * r, *param.shape[1:])[: param.shape[0]]
+        for param, r, block in zip(params, rows, blocks, strict=True)
+    ]
 
 
 class FSDP2FrozenModel(OffloadableModel):
@@ -163,6 +178,7 @@ class FSDP2FrozenModel(OffloadableModel):
         # and FSDP2 keeps these Parameter objects for the module's life (moves and checkpoint
         # loads replace their data in place).
         self._named = [(hf_name(name), p) for name, p in module.named_parameters()]
+        self._entries = [_entry(name, p) for name, p in self._named]
 
     @property
     def module(self) -> torch.nn.Module:
@@ -185,19 +201,19 @@ class FSDP2FrozenModel(OffloadableModel):
         if dist.get_world_size() == 1:
             yield from self._local_buckets(bucket_bytes)
             return
-        bucket: list[tuple[str, torch.Tensor]] = []
+        bucket: list[_Entry] = []
         size = 0
-        for name, param in self._named:
+        for entry in self._entries:
             # The size is known from the global shape before gathering, so the previous bucket
             # is handed out (and can be released) before the next one is materialised.
-            nbytes = param.numel() * gathered_dtype(param, gather_dtype).itemsize
+            nbytes = entry.param.numel() * _gathered_dtype(entry, gather_dtype).itemsize
             if bucket and size + nbytes > bucket_bytes:
-                yield gather_full(bucket, self._device, gather_dtype)
+                yield _gather_entries(bucket, self._device, gather_dtype)
                 bucket, size = [], 0
-            bucket.append((name, param))
+            bucket.append(entry)
             size += nbytes
         if bucket:
-            yield gather_full(bucket, self._device, gather_dtype)
+            yield _gather_entries(bucket, self._device, gather_dtype)
 
     @torch.no_grad()
     def _local_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
