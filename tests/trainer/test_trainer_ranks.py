@@ -215,3 +215,22 @@ class TestTrainerRanks(DistributedSuite):
         assert moved == {"actor", "critic"}
         for name, weight in default.items():
             torch.testing.assert_close(faster[name], weight, rtol=1e-5, atol=1e-6, msg=name)
+
+    def test_token_budget_trains_policy_and_critic_the_same(
+        self, pool: RankPool, tmp_path: Path
+    ) -> None:
+        """Packing each step's samples by tokens (policy and critic) gives the iteration the
+        fixed micro-batches give, up to fp32 summation order."""
+        root = pool.shared_dir / tmp_path.name
+        untrained, default = pool.run(_weights_before_and_after_a_step, root, [])[0]
+        _, packed = pool.run(
+            _weights_before_and_after_a_step, root, ["--max_tokens_per_micro_batch=24"]
+        )[0]
+        moved = {
+            name.split("/")[0]
+            for name in default
+            if not torch.equal(default[name], untrained[name])
+        }
+        assert moved == {"actor", "critic"}
+        for name, weight in default.items():
+            torch.testing.assert_close(packed[name], weight, rtol=1e-5, atol=1e-6, msg=name)

@@ -160,11 +160,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         name="max_tokens_per_micro_batch",
         kind=int,
-        help="pack each policy optimizer step's samples into forward/backward passes of at most "
-        "this many padded tokens per rank (samples x longest) instead of micro_train_batch_size "
-        "samples; the loss is still aggregated over micro_train_batch_size groups, so gradients "
-        "do not change; the critic's update (gae) keeps micro_train_batch_size samples "
-        "(default: off)",
+        help="pack each optimizer step's samples (policy and, with gae, critic) into "
+        "forward/backward passes of at most this many padded tokens per rank (samples x longest) "
+        "instead of micro_train_batch_size samples; the loss is still aggregated over "
+        "micro_train_batch_size groups, so gradients do not change (default: off)",
     ),
     Flag(name="max_epochs", kind=int, help="policy epochs over each iteration's experience"),
     Flag(name="num_episodes", kind=int, help="passes over the training prompts"),

@@ -136,9 +136,10 @@ class TrainConfig:
     max_tokens_per_micro_batch: int | None = attrs.field(
         default=None, validator=f.optional_positive
     )
-    """Pack each optimizer step's rows into forwards of at most this many padded tokens (rows x
-    longest row) instead of ``micro_train_batch_size`` rows; the loss is still aggregated over
-    ``micro_train_batch_size``-row groups, so gradients do not change. Unset: fixed rows."""
+    """Pack each optimizer step's rows (policy, and critic with ``gae``) into forwards of at most
+    this many padded tokens (rows x longest row) instead of ``micro_train_batch_size`` rows; the
+    loss is still aggregated over ``micro_train_batch_size``-row groups, so gradients do not
+    change. Unset: fixed rows."""
     max_epochs: int = attrs.field(default=1, validator=f.positive)
     num_episodes: int = attrs.field(default=1, validator=f.positive)
     max_steps: int | None = None

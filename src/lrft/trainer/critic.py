@@ -14,6 +14,7 @@ which the policy chose that token.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,12 @@ from lrft.algo._tensor import masked_mean
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel, TrainableModel
 from lrft.trainer.experience import Sequences
+from lrft.trainer.micro_batches import (
+    PackedMicroBatch,
+    PackedPart,
+    equalize_across_ranks,
+    plan_step,
+)
 from lrft.trainer.replay import ReplayBuffer
 
 VALUE_HEAD = "score"
@@ -134,12 +141,17 @@ class CriticUpdate:
     (its shuffle depends on the step and epoch only), and the critic steps its optimizer after
     ``accumulation`` of them: one critic optimizer step per policy optimizer step.
     ``value_clip``: PPO's clip of the new values around the experience pass's (``None``: off).
+    ``max_tokens_per_micro_batch``: pack each optimizer step's rows into forwards of at most that
+    many padded tokens, as the policy update does (:mod:`lrft.trainer.micro_batches`); each
+    fixed micro-batch's token-mean loss is then the sum of its parts, each scaled by its share of
+    the micro-batch's tokens, so the step is the fixed path's.
     """
 
     micro_batch_size: int
     accumulation: int
     epochs: int
     value_clip: float | None
+    max_tokens_per_micro_batch: int | None = None
 
     def run(
         self, critic: TrainableModel, buffer: ReplayBuffer, *, step: int, device: torch.device
@@ -147,44 +159,91 @@ class CriticUpdate:
         """Every epoch over ``buffer``; returns averaged ``critic/*`` metrics. Collective."""
         totals: dict[str, float] = {}
         counts: dict[str, int] = {}
-        pending = 0
+
+        def record(metrics: dict[str, float]) -> None:
+            for name, value in metrics.items():
+                totals[name] = totals.get(name, 0.0) + value
+                counts[name] = counts.get(name, 0) + 1
+
         critic.module.train()
         for epoch in range(self.epochs):
-            for batch in buffer.micro_batches(self.micro_batch_size, epoch=step * 1000 + epoch):
-                if batch.values is None or batch.returns is None:
-                    raise ValueError("the critic update needs experience with values and returns")
-                mask = batch.sequences.action_mask.to(device)
-                values = response_values(critic.module, batch.sequences, device=device)
-                output = clipped_value_loss(
-                    values,
-                    batch.values.to(device),
-                    batch.returns.to(device),
-                    mask,
-                    value_clip=self.value_clip,
+            groups = buffer.row_groups(self.micro_batch_size, epoch=step * 1000 + epoch)
+            if len(groups) % self.accumulation:
+                raise RuntimeError(
+                    f"{len(groups) % self.accumulation} critic micro-batches were left without an "
+                    "optimizer step: the buffer size must be a multiple of micro_batch_size * "
+                    "accumulation"
                 )
-                critic.backward(
-                    output.loss / self.accumulation,
-                    sync_gradients=pending + 1 == self.accumulation,
+            for start in range(0, len(groups), self.accumulation):
+                step_groups = groups[start : start + self.accumulation]
+                passes = self._passes(step_groups, buffer, device)
+                tokens = [buffer.select(rows).sequences.action_mask.sum() for rows in step_groups]
+                for index, micro in enumerate(passes):
+                    # every backward but the step's last may leave its gradients unreduced
+                    last = index == len(passes) - 1
+                    self._backward(critic, buffer, micro, tokens, device, record, last=last)
+                report = critic.step()
+                record(
+                    {
+                        "grad_norm": report.grad_norm,
+                        "skipped_steps": float(report.skipped),
+                        "lr": report.lr,
+                    }
                 )
-                metrics = {
-                    "value_loss": float(output.loss.detach()),
-                    "value_clip_fraction": float(output.clip_fraction),
-                    "values": float(masked_mean(values.detach(), mask)),
-                }
-                pending += 1
-                if pending == self.accumulation:
-                    report = critic.step()
-                    metrics["grad_norm"] = report.grad_norm
-                    metrics["skipped_steps"] = float(report.skipped)
-                    metrics["lr"] = report.lr
-                    pending = 0
-                for name, value in metrics.items():
-                    totals[name] = totals.get(name, 0.0) + value
-                    counts[name] = counts.get(name, 0) + 1
-        if pending:
-            raise RuntimeError(
-                f"{pending} critic micro-batches were left without an optimizer step: the buffer "
-                "size must be a multiple of micro_batch_size * accumulation"
-            )
         critic.module.eval()
         return {f"critic/{name}": total / counts[name] for name, total in totals.items()}
+
+    def _passes(
+        self, groups: list[Tensor], buffer: ReplayBuffer, device: torch.device
+    ) -> list[PackedMicroBatch]:
+        """The forwards of one optimizer step: one per fixed micro-batch, or packed by tokens."""
+        if self.max_tokens_per_micro_batch is None:
+            return [
+                PackedMicroBatch(
+                    buffer_rows=rows,
+                    parts=(PackedPart(group=group, rows=tuple(range(len(rows)))),),
+                )
+                for group, rows in enumerate(groups)
+            ]
+        plan = plan_step(groups, buffer.row_lengths(), self.max_tokens_per_micro_batch)
+        return equalize_across_ranks(plan, device)
+
+    def _backward(
+        self,
+        critic: TrainableModel,
+        buffer: ReplayBuffer,
+        micro: PackedMicroBatch,
+        group_tokens: list[Tensor],
+        device: torch.device,
+        record: Callable[[dict[str, float]], None],
+        *,
+        last: bool,
+    ) -> None:
+        """One forward, then each fixed micro-batch's part of the loss (its token-mean scaled by
+        the part's share of that micro-batch's tokens), back-propagated together."""
+        batch = buffer.select(micro.buffer_rows)
+        if batch.values is None or batch.returns is None:
+            raise ValueError("the critic update needs experience with values and returns")
+        values = response_values(critic.module, batch.sequences, device=device)
+        old_values, returns = batch.values.to(device), batch.returns.to(device)
+        masks = batch.sequences.action_mask.to(device)
+        losses = []
+        for part in micro.parts:
+            # columns past a part's longest response are masked out: no need to trim them
+            rows = torch.tensor(part.rows, device=device)
+            mask, mine = masks[rows], values[rows]
+            output = clipped_value_loss(
+                mine, old_values[rows], returns[rows], mask, value_clip=self.value_clip
+            )
+            share = mask.sum() / group_tokens[part.group].to(device)
+            losses.append(output.loss * share)
+            record(
+                {
+                    "value_loss": float(output.loss.detach()),
+                    "value_clip_fraction": float(output.clip_fraction),
+                    "values": float(masked_mean(mine.detach(), mask)),
+                }
+            )
+        # A padding forward (no parts) still back-propagates, as a collective, to no effect.
+        total = torch.stack(losses).sum() if losses else values.sum() * 0.0
+        critic.backward(total / self.accumulation, sync_gradients=last)

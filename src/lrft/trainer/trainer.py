@@ -170,6 +170,7 @@ class RLTrainer:
             accumulation=per_rank_train // config.micro_train_batch_size,
             epochs=config.max_epochs,
             value_clip=config.value_clip_range,
+            max_tokens_per_micro_batch=config.max_tokens_per_micro_batch,
         )
         self.buffer = ReplayBuffer(seed=config.seed)
         self.metrics = MetricsWriter(
