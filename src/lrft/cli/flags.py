@@ -9,7 +9,7 @@ import attrs
 
 from lrft.algo import AGGREGATION_MODES, kl_estimators, policy_losses
 from lrft.presets import PRESET_NAMES
-from lrft.trainer.config import ENGINE_MAX_TP, TrainConfig, supported_estimators
+from lrft.trainer.config import ENGINE_MAX_TP, HF_DECODE_PATHS, TrainConfig, supported_estimators
 
 
 @attrs.frozen(kw_only=True)
@@ -127,6 +127,15 @@ FLAGS: tuple[Flag, ...] = (
         kind=str,
         choices=tuple(ENGINE_MAX_TP),
         help="rollout engine: hf (transformers, built in) or vllm (pip install 'lrft[vllm]')",
+    ),
+    Flag(
+        name="hf_decode",
+        kind=str,
+        choices=HF_DECODE_PATHS,
+        help="the hf engine's decoding path: auto (compiled on CUDA, else generate), generate "
+        "(transformers' generate), static (static KV cache, no per-token host sync), cuda_graph "
+        "(static, each step replayed from a CUDA graph: no compile wait), compiled (static, the "
+        "step compiled by torch.compile: fastest, about a minute to compile on first use)",
     ),
     Flag(
         name="engine_tp_size",

@@ -16,6 +16,8 @@ EngineType = Literal["hf", "vllm"]
 ENGINE_MAX_TP: dict[str, int | None] = {"hf": 1, "vllm": None}
 """The largest tensor-parallel size each built-in engine supports (its ``max_tp`` capability);
 ``None``: any size that divides the world size."""
+HF_DECODE_PATHS = ("auto", "generate", "static", "cuda_graph", "compiled")
+"""The hf engine's decoding paths (``HFEngineConfig.decode``)."""
 VLLM_EXTRA = "pip install 'lrft[vllm]'"
 DEFAULT_ENGINE_MEM_UTIL = 0.5
 """The vllm engine's share of a device when ``engine_mem_util`` is unset (LightRFT's default):
@@ -40,6 +42,11 @@ def check_engine_settings(config: TrainConfig) -> None:
     if config.engine_type == "vllm" and not vllm_available():
         raise ConfigError(
             f"engine_type 'vllm' needs the vllm package, which is not installed: {VLLM_EXTRA}"
+        )
+    if config.hf_decode != "auto" and config.engine_type != "hf":
+        raise ConfigError(
+            f"hf_decode {config.hf_decode!r} picks the hf engine's decoding path, but "
+            f"engine_type is {config.engine_type!r}: leave hf_decode at 'auto'"
         )
     if config.engine_mem_util is not None and config.engine_type != "vllm":
         raise ConfigError(

@@ -17,7 +17,7 @@ from lrft.algo import AGGREGATION_MODES, advantage_estimators, kl_estimators, po
 from lrft.api.errors import ConfigError
 from lrft.api.validators import optional, positive_int
 from lrft.presets import PRESET_NAMES
-from lrft.trainer._config_engine import ENGINE_MAX_TP
+from lrft.trainer._config_engine import ENGINE_MAX_TP, HF_DECODE_PATHS
 
 
 def _is_number(value: object) -> bool:
@@ -104,6 +104,13 @@ def engine(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
     if value not in ENGINE_MAX_TP:
         raise ConfigError(
             f"{attribute.name} {value!r} is unknown; choose one of {list(ENGINE_MAX_TP)}"
+        )
+
+
+def hf_decode(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value not in HF_DECODE_PATHS:
+        raise ConfigError(
+            f"{attribute.name} {value!r} is unknown; choose one of {list(HF_DECODE_PATHS)}"
         )
 
 

@@ -50,7 +50,9 @@ def _rollout_dtype(info: RankInfo) -> torch.dtype:
 
 def _hf_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> RolloutEngine:
     chunk = config.micro_rollout_batch_size * config.n_samples_per_prompt
-    engine_config = HFEngineConfig(dtype=_rollout_dtype(info), max_batch_size=chunk)
+    engine_config = HFEngineConfig(
+        dtype=_rollout_dtype(info), max_batch_size=chunk, decode=config.hf_decode
+    )
     return HFRolloutEngine.from_pretrained(pretrain, config=engine_config)
 
 

@@ -31,6 +31,7 @@ from lrft.trainer._config_engine import (
     CPU_KV_CACHE_ENV,
     DEFAULT_ENGINE_MEM_UTIL,
     ENGINE_MAX_TP,
+    HF_DECODE_PATHS,
     VLLM_EXTRA,
     EngineType,
     check_engine_settings,
@@ -53,6 +54,7 @@ __all__ = [
     "DEFAULT_TIS_CAP",
     "DEFAULT_VALUE_CLIP",
     "ENGINE_MAX_TP",
+    "HF_DECODE_PATHS",
     "VLLM_EXTRA",
     "WANDB_SETTINGS",
     "EngineType",
@@ -124,6 +126,8 @@ class TrainConfig:
     temperature: float = attrs.field(default=1.0, validator=f.positive_float)
     top_p: float = 1.0
     engine_type: str = attrs.field(default="hf", validator=f.engine)
+    hf_decode: str = attrs.field(default="auto", validator=f.hf_decode)
+    """The hf engine's decoding path (``HFEngineConfig.decode``); ``auto``: compiled on CUDA."""
     engine_tp_size: int = attrs.field(default=1, validator=f.positive)
     engine_mem_util: float | None = attrs.field(default=None, validator=f.optional_fraction)
     """The vllm engine's share of this rank's device memory (vLLM ``gpu_memory_utilization``);

@@ -12,7 +12,7 @@ import pytest
 from lrft.api.errors import ConfigError
 from lrft.cli import config_from_args, main
 from lrft.cli.flags import FLAGS
-from lrft.trainer.config import WANDB_SETTINGS, TrainConfig
+from lrft.trainer.config import HF_DECODE_PATHS, WANDB_SETTINGS, TrainConfig
 from lrft.trainer.demo import DEMO_CRITIC_SETTINGS, DEMO_SETTINGS
 from lrft.trainer.metrics import tensorboard_available
 from lrft.trainer.wandb_metrics import wandb_available
@@ -140,6 +140,7 @@ def test_engine_memory_share_by_device(monkeypatch: pytest.MonkeyPatch) -> None:
             r"fsdp_defer_gradient_sync keeps unreduced gradients .* choose one",
         ),
         ({"deepspeed_config": "ds.json"}, r"deepspeed_config 'ds.json' needs zero_stage"),
+        ({"hf_decode": "fast"}, r"hf_decode 'fast' is unknown; choose one of \['auto'"),
     ],
 )
 def test_invalid_values_are_named(changes: dict[str, object], message: str) -> None:
@@ -228,6 +229,7 @@ def _non_default(name: str) -> list[str]:
         "engine_type": ["--engine_type=vllm"],
         "engine_tp_size": ["--engine_type=vllm", "--engine_tp_size=2"],
         "engine_mem_util": ["--engine_type=vllm", "--engine_mem_util=0.3"],
+        "hf_decode": ["--hf_decode=static"],
         "kl_estimator": ["--kl_estimator=k1"],
         "advantage_estimator": ["--advantage_estimator=rloo"],
         "train_batch_size": ["--train_batch_size=64"],
@@ -316,3 +318,15 @@ def test_every_flag_changes_the_config_and_is_read_by_the_trainer(
 def test_engine_type_choices() -> None:
     flag = next(f for f in FLAGS if f.name == "engine_type")
     assert flag.choices == ("hf", "vllm")
+
+
+def test_hf_decode_is_refused_with_another_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("lrft.trainer._config_engine.vllm_available", lambda: True)
+    with pytest.raises(ConfigError, match=r"hf_decode 'static' picks the hf engine's .* 'vllm'"):
+        TrainConfig(engine_type="vllm", hf_decode="static")
+
+
+def test_hf_decode_paths_are_the_engines() -> None:
+    from lrft.backends.rollout.hf import DECODE_PATHS
+
+    assert DECODE_PATHS == HF_DECODE_PATHS

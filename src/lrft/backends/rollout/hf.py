@@ -47,7 +47,7 @@ from lrft.backends.rollout import _weight_moves as weight_moves
 from lrft.backends.rollout._hf_decode import PAD_ID, StaticDecoder, static_decode_unsupported
 from lrft.backends.rollout._lifecycle import EngineLifecycle, LifecycleViews
 
-_DECODE_PATHS = ("auto", "generate", "static", "cuda_graph", "compiled")
+DECODE_PATHS = ("auto", "generate", "static", "cuda_graph", "compiled")
 
 
 def _optional_device(value: str | torch.device | None) -> torch.device | None:
@@ -77,7 +77,7 @@ class HFEngineConfig:
     dtype: torch.dtype | None = None
     device: torch.device | None = attrs.field(default=None, converter=_optional_device)
     max_batch_size: int = attrs.field(default=32, validator=v.positive)
-    decode: str = attrs.field(default="auto", validator=v.one_of(*_DECODE_PATHS))
+    decode: str = attrs.field(default="auto", validator=v.one_of(*DECODE_PATHS))
 
 
 class _CausalLM(Protocol):
