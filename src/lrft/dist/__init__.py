@@ -5,6 +5,8 @@ from lrft.dist.collectives import (
     all_gather_into,
     all_gather_objects,
     broadcast_object,
+    mean_over_ranks,
+    sum_over_ranks,
     tp_group_generate,
 )
 from lrft.dist.init import DEFAULT_TIMEOUT, backend_for, init_distributed
@@ -22,5 +24,7 @@ __all__ = [
     "backend_for",
     "broadcast_object",
     "init_distributed",
+    "mean_over_ranks",
+    "sum_over_ranks",
     "tp_group_generate",
 ]

@@ -90,3 +90,24 @@ def _checked(
                 "request-major and in request order"
             )
     return results
+
+
+def mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
+    """Each metric averaged over the ranks that report it (same keys on every rank expected)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return dict(values)
+    gathered = all_gather_objects(values)
+    keys = sorted({key for part in gathered for key in part})
+    return {
+        key: sum(p[key] for p in gathered if key in p) / sum(1 for p in gathered if key in p)
+        for key in keys
+    }
+
+
+def sum_over_ranks(values: list[float], device: torch.device) -> list[float]:
+    """Element-wise sums over every rank; ``device`` is this rank's (NCCL reduces device tensors
+    only, gloo host tensors)."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor)
+    return [float(x) for x in tensor.tolist()]

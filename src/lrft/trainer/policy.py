@@ -286,3 +286,33 @@ class PolicyUpdate:
         # A padding micro-batch (no parts) still back-propagates, as a collective, to no effect.
         total = torch.stack(losses).sum() if losses else logprobs.sum() * 0.0
         actor.backward(total / self.accumulation, sync_gradients=last)
+
+
+def needs_old_logprob_pass(config: TrainConfig, actor: torch.nn.Module) -> bool:
+    """Whether the behaviour-policy logprobs need a forward pass of their own.
+
+    They do not when one epoch makes one optimizer step per iteration: every micro-batch's
+    forward then runs on the parameters the separate pass would have used, so its logprobs,
+    detached, are the old ones (the ratio is exactly 1 at that forward). The pass is still made
+    when something reads the old logprobs before or outside the update (the KL against a
+    reference model, saved trajectories), or when dropout would make the training forward
+    differ from the evaluation-mode pass.
+    """
+    on_policy = (
+        config.max_epochs == 1
+        and config.train_batch_size == config.samples_per_rollout
+        and config.init_kl_coef == 0.0
+        and not config.save_trajectories
+    )
+    return not on_policy or _has_dropout(actor)
+
+
+def _has_dropout(module: torch.nn.Module) -> bool:
+    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in module.modules()):
+        return True
+    # attention dropout is applied functionally, from the config (transformers models)
+    settings = getattr(getattr(module, "config", None), "__dict__", {})
+    return any(
+        "dropout" in name and isinstance(value, int | float) and value > 0
+        for name, value in settings.items()
+    )

@@ -18,14 +18,14 @@ from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, WeightSync
 from lrft.api.types import ModelPart
 from lrft.data import DistributedPromptSampler, PromptDataset, eval_indices
-from lrft.dist import all_gather_objects
+from lrft.dist import mean_over_ranks, sum_over_ranks
 from lrft.trainer import checkpoint as ckpt
 from lrft.trainer.colocation import Colocation
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.critic import CriticUpdate, critic_values
 from lrft.trainer.experience import ExperienceMaker, pack, pack_engine_logprobs, reward_means
 from lrft.trainer.metrics import MetricsWriter, plot_curves
-from lrft.trainer.policy import PolicyUpdate
+from lrft.trainer.policy import PolicyUpdate, needs_old_logprob_pass
 from lrft.trainer.progress import Console
 from lrft.trainer.replay import ReplayBuffer
 from lrft.trainer.sampling import Refill, ScoredGroups, continuation_seed, refill_groups
@@ -43,57 +43,6 @@ class FitResult:
     first_eval: dict[str, float] | None
     last_eval: dict[str, float] | None
     seconds: float
-
-
-def mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
-    """Each metric averaged over the ranks that report it (same keys on every rank expected)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return dict(values)
-    gathered = all_gather_objects(values)
-    keys = sorted({key for part in gathered for key in part})
-    return {
-        key: sum(p[key] for p in gathered if key in p) / sum(1 for p in gathered if key in p)
-        for key in keys
-    }
-
-
-def sum_over_ranks(values: list[float], device: torch.device) -> list[float]:
-    """Element-wise sums over every rank; ``device`` is this rank's (NCCL reduces device tensors
-    only, gloo host tensors)."""
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(tensor)
-    return [float(x) for x in tensor.tolist()]
-
-
-def needs_old_logprob_pass(config: TrainConfig, actor: torch.nn.Module) -> bool:
-    """Whether the behaviour-policy logprobs need a forward pass of their own.
-
-    They do not when one epoch makes one optimizer step per iteration: every micro-batch's
-    forward then runs on the parameters the separate pass would have used, so its logprobs,
-    detached, are the old ones (the ratio is exactly 1 at that forward). The pass is still made
-    when something reads the old logprobs before or outside the update (the KL against a
-    reference model, saved trajectories), or when dropout would make the training forward
-    differ from the evaluation-mode pass.
-    """
-    on_policy = (
-        config.max_epochs == 1
-        and config.train_batch_size == config.samples_per_rollout
-        and config.init_kl_coef == 0.0
-        and not config.save_trajectories
-    )
-    return not on_policy or _has_dropout(actor)
-
-
-def _has_dropout(module: torch.nn.Module) -> bool:
-    if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in module.modules()):
-        return True
-    # attention dropout is applied functionally, from the config (transformers models)
-    settings = getattr(getattr(module, "config", None), "__dict__", {})
-    return any(
-        "dropout" in name and isinstance(value, int | float) and value > 0
-        for name, value in settings.items()
-    )
 
 
 class RLTrainer:

@@ -19,9 +19,8 @@ from lrft.trainer.config import TrainConfig
 from lrft.trainer.experience import ExperienceBatch, pack
 from lrft.trainer.logprobs import plain_response_logprobs
 from lrft.trainer.micro_batches import pack_by_tokens, plan_step
-from lrft.trainer.policy import PolicyUpdate
+from lrft.trainer.policy import PolicyUpdate, needs_old_logprob_pass
 from lrft.trainer.replay import ReplayBuffer
-from lrft.trainer.trainer import needs_old_logprob_pass
 
 CPU = torch.device("cpu")
 TEMPERATURE = 0.9
