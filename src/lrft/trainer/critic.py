@@ -27,13 +27,9 @@ from lrft.algo import clipped_value_loss
 from lrft.algo._tensor import masked_mean
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel, TrainableModel
+from lrft.trainer._update_loop import Metrics, step_groups
 from lrft.trainer.experience import Sequences
-from lrft.trainer.micro_batches import (
-    PackedMicroBatch,
-    PackedPart,
-    equalize_across_ranks,
-    plan_step,
-)
+from lrft.trainer.micro_batches import PackedMicroBatch, PackedPart, packed_passes
 from lrft.trainer.replay import ReplayBuffer
 
 VALUE_HEAD = "score"
@@ -157,41 +153,25 @@ class CriticUpdate:
         self, critic: TrainableModel, buffer: ReplayBuffer, *, step: int, device: torch.device
     ) -> dict[str, float]:
         """Every epoch over ``buffer``; returns averaged ``critic/*`` metrics. Collective."""
-        totals: dict[str, float] = {}
-        counts: dict[str, int] = {}
-
-        def record(metrics: dict[str, float]) -> None:
-            for name, value in metrics.items():
-                totals[name] = totals.get(name, 0.0) + value
-                counts[name] = counts.get(name, 0) + 1
-
+        metrics = Metrics()
         critic.module.train()
-        for epoch in range(self.epochs):
-            groups = buffer.row_groups(self.micro_batch_size, epoch=step * 1000 + epoch)
-            if len(groups) % self.accumulation:
-                raise RuntimeError(
-                    f"{len(groups) % self.accumulation} critic micro-batches were left without an "
-                    "optimizer step: the buffer size must be a multiple of micro_batch_size * "
-                    "accumulation"
-                )
-            for start in range(0, len(groups), self.accumulation):
-                step_groups = groups[start : start + self.accumulation]
-                passes = self._passes(step_groups, buffer, device)
-                tokens = [buffer.select(rows).sequences.action_mask.sum() for rows in step_groups]
-                for index, micro in enumerate(passes):
-                    # every backward but the step's last may leave its gradients unreduced
-                    last = index == len(passes) - 1
-                    self._backward(critic, buffer, micro, tokens, device, record, last=last)
-                report = critic.step()
-                record(
-                    {
-                        "grad_norm": report.grad_norm,
-                        "skipped_steps": float(report.skipped),
-                        "lr": report.lr,
-                    }
-                )
+        for groups in step_groups(
+            buffer,
+            micro_batch_size=self.micro_batch_size,
+            accumulation=self.accumulation,
+            epochs=self.epochs,
+            step=step,
+            what="critic",
+        ):
+            passes = self._passes(groups, buffer, device)
+            tokens = [buffer.select(rows).sequences.action_mask.sum() for rows in groups]
+            for index, micro in enumerate(passes):
+                # every backward but the step's last may leave its gradients unreduced
+                last = index == len(passes) - 1
+                self._backward(critic, buffer, micro, tokens, device, metrics.record, last=last)
+            metrics.record_step(critic.step())
         critic.module.eval()
-        return {f"critic/{name}": total / counts[name] for name, total in totals.items()}
+        return metrics.averages("critic")
 
     def _passes(
         self, groups: list[Tensor], buffer: ReplayBuffer, device: torch.device
@@ -205,8 +185,7 @@ class CriticUpdate:
                 )
                 for group, rows in enumerate(groups)
             ]
-        plan = plan_step(groups, buffer.row_lengths(), self.max_tokens_per_micro_batch)
-        return equalize_across_ranks(plan, device)
+        return packed_passes(groups, buffer, self.max_tokens_per_micro_batch, device)
 
     def _backward(
         self,

@@ -23,6 +23,8 @@ import attrs
 import torch
 import torch.distributed as dist
 
+from lrft.trainer.replay import ReplayBuffer
+
 logger = logging.getLogger(__name__)
 
 
@@ -113,3 +115,11 @@ def equalize_across_ranks(
     shortest = min(plan, key=lambda micro: len(micro.buffer_rows))
     filler = PackedMicroBatch(buffer_rows=shortest.buffer_rows[:1], parts=())
     return plan + [filler] * (int(count) - len(plan))
+
+
+def packed_passes(
+    groups: Sequence[torch.Tensor], buffer: ReplayBuffer, budget: int, device: torch.device
+) -> list[PackedMicroBatch]:
+    """One optimizer step's forwards over the fixed ``groups``, packed within ``budget`` tokens
+    and padded to as many as any rank makes. Collective."""
+    return equalize_across_ranks(plan_step(groups, buffer.row_lengths(), budget), device)

@@ -21,6 +21,7 @@ from lrft.algo import (
 )
 from lrft.algo.types import AggregationMode
 from lrft.api.protocols import TrainableModel
+from lrft.trainer._update_loop import Metrics, step_groups
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.experience import (
     ExperienceBatch,
@@ -28,7 +29,7 @@ from lrft.trainer.experience import (
     response_logprobs,
     token_logprobs,
 )
-from lrft.trainer.micro_batches import PackedMicroBatch, equalize_across_ranks, plan_step
+from lrft.trainer.micro_batches import PackedMicroBatch, packed_passes
 from lrft.trainer.replay import ReplayBuffer
 
 
@@ -203,54 +204,33 @@ class PolicyUpdate:
         self, actor: TrainableModel, buffer: ReplayBuffer, *, step: int, device: torch.device
     ) -> dict[str, float]:
         """Every epoch over ``buffer``; returns averaged metrics. Collective (forwards, steps)."""
-        totals: dict[str, float] = {}
-        counts: dict[str, int] = {}
-
-        def record(values: dict[str, float]) -> None:
-            for name, value in values.items():
-                totals[name] = totals.get(name, 0.0) + value
-                counts[name] = counts.get(name, 0) + 1
-
+        metrics = Metrics()
         actor.module.train()
-        for epoch in range(self.epochs):
-            groups = buffer.row_groups(self.micro_batch_size, epoch=step * 1000 + epoch)
-            if len(groups) % self.accumulation:
-                raise RuntimeError(
-                    f"{len(groups) % self.accumulation} micro-batches were left without an "
-                    "optimizer step: the buffer size must be a multiple of micro_batch_size * "
-                    "accumulation"
-                )
-            for start in range(0, len(groups), self.accumulation):
-                step_groups = groups[start : start + self.accumulation]
-                # Every backward but the step's last may leave its gradients unreduced.
-                if self.max_tokens_per_micro_batch is None:
-                    for index, rows in enumerate(step_groups):
-                        loss, values = self.micro_batch_loss(
-                            actor.module, buffer.select(rows), device
-                        )
-                        last = index == len(step_groups) - 1
-                        actor.backward(loss / self.accumulation, sync_gradients=last)
-                        record(values)
-                else:
-                    plan = plan_step(
-                        step_groups, buffer.row_lengths(), self.max_tokens_per_micro_batch
+        for groups in step_groups(
+            buffer,
+            micro_batch_size=self.micro_batch_size,
+            accumulation=self.accumulation,
+            epochs=self.epochs,
+            step=step,
+            what="policy",
+        ):
+            # Every backward but the step's last may leave its gradients unreduced.
+            if self.max_tokens_per_micro_batch is None:
+                for index, rows in enumerate(groups):
+                    loss, values = self.micro_batch_loss(actor.module, buffer.select(rows), device)
+                    last = index == len(groups) - 1
+                    actor.backward(loss / self.accumulation, sync_gradients=last)
+                    metrics.record(values)
+            else:
+                passes = packed_passes(groups, buffer, self.max_tokens_per_micro_batch, device)
+                for index, micro in enumerate(passes):
+                    last = index == len(passes) - 1
+                    self._packed_backward(
+                        actor, buffer, groups, micro, device, metrics.record, last=last
                     )
-                    passes = equalize_across_ranks(plan, device)
-                    for index, micro in enumerate(passes):
-                        last = index == len(passes) - 1
-                        self._packed_backward(
-                            actor, buffer, step_groups, micro, device, record, last=last
-                        )
-                report = actor.step()
-                record(
-                    {
-                        "grad_norm": report.grad_norm,
-                        "skipped_steps": float(report.skipped),
-                        "lr": report.lr,
-                    }
-                )
+            metrics.record_step(actor.step())
         actor.module.eval()
-        return {f"policy/{name}": total / counts[name] for name, total in totals.items()}
+        return metrics.averages("policy")
 
     def _packed_backward(
         self,
