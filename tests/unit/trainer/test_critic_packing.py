@@ -104,3 +104,13 @@ def test_token_budget_steps_equal_the_fixed_micro_batches(value_clip: float | No
         for a, b in zip(packed_step, fixed_step, strict=True):
             scale = b.double().norm().clamp(min=1e-30)
             assert float((a.double() - b.double()).norm() / scale) < 1e-5
+
+
+def test_a_buffer_that_leaves_micro_batches_without_a_step_is_refused() -> None:
+    recorder = GradientRecorder(_critic())
+    buffer = ReplayBuffer(seed=5)
+    buffer.append(_experience(5, seed=2))  # 3 micro-batches of 2 (the last short), 2 per step
+    update = CriticUpdate(micro_batch_size=2, accumulation=2, epochs=1, value_clip=None)
+    with pytest.raises(RuntimeError, match=r"1 critic micro-batches were left without an"):
+        update.run(recorder, buffer, step=0, device=CPU)  # type: ignore[arg-type]  # a stand-in
+    assert recorder.steps == []  # refused before any forward
