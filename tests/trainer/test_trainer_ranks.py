@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import torch
 
-from lrft.api.digest import tensor_digest
+from lrft.api.digest import tensor_digests
 from lrft.api.protocols import TrainableModel
 from lrft.api.types import Location
 from lrft.cli import config_from_args
@@ -42,11 +42,10 @@ def _trainer(root: Path, extra: list[str]) -> RLTrainer:
 
 
 def _digests(trainer: RLTrainer) -> dict[str, str]:
-    return {
-        name: tensor_digest(tensor)
-        for bucket in trainer.actor.full_weights(1 << 20)
-        for name, tensor in bucket
-    }
+    digests: dict[str, str] = {}
+    for bucket in trainer.actor.full_weights(1 << 20):  # a bucket lives until the next one
+        digests.update(tensor_digests(dict(bucket)))
+    return digests
 
 
 def _evaluation_changes_nothing(root: Path) -> list[str]:

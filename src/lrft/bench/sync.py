@@ -79,8 +79,14 @@ def run_sync(workload: Workload) -> dict[str, Any]:
         seconds["unverified"].append(
             _timed(lambda v=version: unverified.sync(actor, engine, version=v), device)
         )
+        # the gather the syncs ask for: in the engine's dtype, cast before any collective
         seconds["gather_only"].append(
-            _timed(lambda: _drain(actor.full_weights(verified.bucket_bytes)), device)
+            _timed(
+                lambda: _drain(
+                    actor.full_weights(verified.bucket_bytes, gather_dtype=compute_dtype(device))
+                ),
+                device,
+            )
         )
     nbytes = engine_bytes(engine)
     copy = device_copy_gbps(device, nbytes)

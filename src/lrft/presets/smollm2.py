@@ -96,7 +96,7 @@ def convert(gguf: Path, directory: Path) -> None:
     config.dtype = torch.float32
     model = LlamaForCausalLM(config)
     # transformers leaves its GGUF reader unannotated.
-    parsed = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)  # type: ignore[no-untyped-call]
+    parsed = load_gguf_checkpoint(str(gguf), return_tensors=True, model_to_load=model)  # type: ignore[no-untyped-call]  # unannotated in transformers
     tensors = parsed["tensors"]
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     # The GGUF has no output layer: it is tied to the embeddings, which were loaded.

@@ -7,13 +7,11 @@ read and shares no code with the backends under test.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
-
-from lrft.api.digest import tensor_digests
 
 
 def load_reference_model(model_dir: Path, device: torch.device | str = "cpu") -> PreTrainedModel:
@@ -63,7 +61,3 @@ def token_logprobs(
     logits = model(ids).logits[0, len(prompt) - 1 : -1].double() / temperature
     chosen = torch.log_softmax(logits, dim=-1).gather(1, ids[0, len(prompt) :, None])
     return [float(x) for x in chosen[:, 0].tolist()]
-
-
-def digests(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, str]:
-    return tensor_digests(dict(named))

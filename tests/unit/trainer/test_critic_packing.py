@@ -8,38 +8,14 @@ import torch
 from torch import Tensor
 from transformers import Qwen2ForTokenClassification
 
-from lrft.api.types import GenerationResult, StepReport
+from lrft.api.types import GenerationResult
 from lrft.testing.models import tiny_qwen2_config
 from lrft.trainer.critic import CriticUpdate
 from lrft.trainer.experience import ExperienceBatch, pack
 from lrft.trainer.replay import ReplayBuffer
+from tests.unit.trainer.recorders import GradientRecorder
 
 CPU = torch.device("cpu")
-
-
-class GradientRecorder:
-    """A ``TrainableModel`` stand-in recording each optimizer step's gradients (then zeroing
-    them) and whether each backward asked to reduce them."""
-
-    def __init__(self, module: torch.nn.Module) -> None:
-        self.module = module
-        self.steps: list[list[Tensor]] = []
-        self.syncs: list[list[bool]] = [[]]
-
-    def backward(self, loss: Tensor, *, sync_gradients: bool = True) -> None:
-        torch.autograd.backward(loss)
-        self.syncs[-1].append(sync_gradients)
-
-    def step(self) -> StepReport:
-        self.syncs.append([])
-        self.steps.append(
-            [
-                torch.zeros_like(p) if p.grad is None else p.grad.clone()
-                for p in self.module.parameters()
-            ]
-        )
-        self.module.zero_grad(set_to_none=True)
-        return StepReport(optimizer_steps=len(self.steps), grad_norm=0.0, skipped=False, lr=0.0)
 
 
 def _critic() -> torch.nn.Module:
@@ -85,8 +61,7 @@ def _run(update: CriticUpdate, batch: ExperienceBatch) -> tuple[list[list[Tensor
     buffer = ReplayBuffer(seed=5)
     buffer.append(batch)
     metrics = update.run(recorder, buffer, step=0, device=CPU)  # type: ignore[arg-type]  # a stand-in
-    for syncs in recorder.syncs[:-1]:
-        assert syncs == [False] * (len(syncs) - 1) + [True]
+    recorder.check_only_last_backward_syncs()
     return recorder.steps, metrics["critic/value_clip_fraction"]
 
 

@@ -12,7 +12,7 @@ from torch import Tensor
 from lrft.algo import PolicyLossConfig, aggregate_loss, aggregation_divisor
 from lrft.algo.types import AggregationMode
 from lrft.api.errors import ConfigError
-from lrft.api.types import GenerationResult, StepReport
+from lrft.api.types import GenerationResult
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.testing.models import tiny_causal_lm
 from lrft.trainer.config import TrainConfig
@@ -21,34 +21,10 @@ from lrft.trainer.logprobs import plain_response_logprobs
 from lrft.trainer.micro_batches import pack_by_tokens, plan_step
 from lrft.trainer.policy import PolicyUpdate, needs_old_logprob_pass
 from lrft.trainer.replay import ReplayBuffer
+from tests.unit.trainer.recorders import GradientRecorder
 
 CPU = torch.device("cpu")
 TEMPERATURE = 0.9
-
-
-class GradientRecorder:
-    """A ``TrainableModel`` stand-in that records each optimizer step's gradients and zeroes
-    them instead of stepping: the gradients are what both paths must agree on."""
-
-    def __init__(self, module: torch.nn.Module) -> None:
-        self.module = module
-        self.steps: list[list[Tensor]] = []
-        # each step's backwards: whether each one asked to reduce the gradients
-        self.syncs: list[list[bool]] = [[]]
-
-    def backward(self, loss: Tensor, *, sync_gradients: bool = True) -> None:
-        torch.autograd.backward(loss)
-        self.syncs[-1].append(sync_gradients)
-
-    def step(self) -> StepReport:
-        self.syncs.append([])
-        grads = [
-            torch.zeros_like(p) if p.grad is None else p.grad.clone()
-            for p in self.module.parameters()
-        ]
-        self.steps.append(grads)
-        self.module.zero_grad(set_to_none=True)
-        return StepReport(optimizer_steps=len(self.steps), grad_norm=0.0, skipped=False, lr=0.0)
 
 
 def _experience(rows: int, seed: int, *, on_policy: bool = False) -> ExperienceBatch:
@@ -92,9 +68,7 @@ def _run(update: PolicyUpdate, batch: ExperienceBatch) -> list[list[Tensor]]:
     buffer.append(batch)
     update.run(recorder, buffer, step=0, device=CPU)  # type: ignore[arg-type]  # a stand-in
     # Only each optimizer step's last backward reduces the gradients (the others may defer).
-    for syncs in recorder.syncs[:-1]:
-        assert syncs == [False] * (len(syncs) - 1) + [True]
-    assert recorder.syncs[-1] == []
+    recorder.check_only_last_backward_syncs()
     return recorder.steps
 
 

@@ -177,8 +177,7 @@ class FSDP2FrozenModel(OffloadableModel):
         # copies instead): walking the wrapped module costs more than a world-1 sync's copies,
         # and FSDP2 keeps these Parameter objects for the module's life (moves and checkpoint
         # loads replace their data in place).
-        self._named = [(hf_name(name), p) for name, p in module.named_parameters()]
-        self._entries = [_entry(name, p) for name, p in self._named]
+        self._entries = [_entry(hf_name(name), p) for name, p in module.named_parameters()]
 
     @property
     def module(self) -> torch.nn.Module:
@@ -225,7 +224,7 @@ class FSDP2FrozenModel(OffloadableModel):
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         device = self._device
-        for name, param in self._named:
+        for name, param, _, _ in self._entries:
             local = param._local_tensor if isinstance(param, DTensor) else param
             if local.device != device:
                 local = local.to(device)

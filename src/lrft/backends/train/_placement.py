@@ -4,6 +4,7 @@ models they return lives."""
 
 from __future__ import annotations
 
+import abc
 import os
 from collections.abc import Collection
 from typing import ClassVar
@@ -47,7 +48,7 @@ def resolve_mixed_precision(requested: bool | None, device: torch.device, settin
     return on_cuda if requested is None else requested
 
 
-class OffloadableModel:
+class OffloadableModel(abc.ABC):
     """Where each part of a backend's model lives, and ``offload``/``reload`` over it.
 
     A subclass names its backend (``_backend``, which ``CapabilityNotSupported`` reports), says
@@ -101,10 +102,10 @@ class OffloadableModel:
         if all(self._locations[part] is Location.DEVICE for part in home):
             self._restore_gradients()
 
-    def _set_aside_gradients(self) -> None:
+    def _set_aside_gradients(self) -> None:  # noqa: B027  # a no-op unless a subclass holds gradients
         """Hook: detach the gradients from their parameters (a frozen model has none)."""
 
-    def _restore_gradients(self) -> None:
+    def _restore_gradients(self) -> None:  # noqa: B027  # a no-op unless a subclass holds gradients
         """Hook: give the gradients set aside back to their parameters."""
 
     def _checked(self, parts: Collection[ModelPart]) -> list[ModelPart]:
@@ -118,8 +119,9 @@ class OffloadableModel:
                 )
         return parts
 
+    @abc.abstractmethod
     def _move_part(self, part: ModelPart, *, to_host: bool) -> None:
-        raise NotImplementedError
+        """Move ``part`` to the host or back to the device (the backend's own moves)."""
 
     def _require_on_device(self, parts: Collection[ModelPart], action: str) -> None:
         away = [part.value for part in parts if self._locations[part] is Location.HOST]
