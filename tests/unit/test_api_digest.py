@@ -145,6 +145,20 @@ def test_a_digest_buffer_digests_what_its_views_hold(expected: dict[str, str]) -
     }
 
 
+def test_a_digest_buffer_ignores_the_bytes_between_its_views(expected: dict[str, str]) -> None:
+    # The buffer is never zeroed: whatever lies past each tensor's last byte (here 0xAB in every
+    # byte, before the views are written) must not reach the sums.
+    tensors = cases()
+    buffer = DigestBuffer([(tuple(t.shape), t.dtype) for t in tensors.values()], "cpu")
+    whole = buffer.views[0].reshape(-1).view(torch.uint8).as_strided((buffer.nbytes,), (1,), 0)
+    whole.fill_(0xAB)
+    for view, tensor in zip(buffer.views, tensors.values(), strict=True):
+        view.copy_(tensor)
+    pending = PendingDigests()
+    pending.add_buffer(list(tensors), buffer)
+    assert pending.resolve() == expected
+
+
 def test_a_digest_buffer_rejects_a_wrong_number_of_names() -> None:
     buffer = DigestBuffer([((2,), torch.float32)], "cpu")
     with pytest.raises(ValueError, match="2 names for a buffer of 1 tensors"):

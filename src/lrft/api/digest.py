@@ -16,12 +16,12 @@ less than ``2**31`` words apart. The fingerprint string is ``"{dtype}[{dims}]:{p
 
 Computation. A list of tensors costs a fixed number of kernels per group of up to
 :data:`STAGING_BYTES`, however many tensors it holds: their bytes are copied (one fused copy) into
-a zeroed buffer of rows of :data:`ROW_WORDS` words, each tensor starting on a row, and every row is
-reduced at once. A row viewed as a 64 x 64 block gives, for the word at ``(i, j)``, the position
-``4096 q + 64 i + j`` (``q`` being the row's index within its tensor), so the row's weighted sum
-is ``8192 q * plain_row + sum_i 128 i * across_i + sum_j (2j + 1) * down_j`` from its 64 row sums
-(``across``) and 64 column sums (``down``). Each row's two sums are then added to its tensor's
-entry. The sums are read back on the host only when :class:`PendingDigests` resolves them.
+a buffer of rows of :data:`ROW_WORDS` words, each tensor starting on a row, and every row is
+reduced at once; the bytes of a row past its tensor's end are masked out, so buffers are never
+zeroed. On CUDA the reduction is one compiled kernel that reads each word once and produces both
+sums of every row; elsewhere it runs eagerly. Each row's two sums are then added to its tensor's
+entry (a row ``q`` rows into its tensor adds ``8192 q * plain_row`` to its weighted sum). The sums
+are read back on the host only when :class:`PendingDigests` resolves them.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ STAGING_BYTES = 64 << 20
 """The largest staging buffer :func:`digest_sums_many` allocates; larger inputs are split."""
 
 _ROW_BYTES = ROW_WORDS * 4
-# A row viewed as a (_SIDE, _SIDE) block needs 2 * _SIDE weights instead of one per word.
+# The eager reduction views a row as a (_SIDE, _SIDE) block: 2 * _SIDE weights instead of one per
+# word.
 _SIDE = 64
 _MASK = (1 << 64) - 1
 # The block's row and column weights, per device, made once.
@@ -48,13 +49,23 @@ _SIDE_WEIGHTS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 class _Piece(NamedTuple):
-    """``rows`` rows of tensor ``tensor``, from its row ``first_row``, staged at row ``row``."""
+    """``rows`` rows of tensor ``tensor``, from its row ``first_row``, staged at row ``row``;
+    ``nbytes`` of them belong to the tensor."""
 
     tensor: int
     row: int
     first_row: int
     rows: int
     nbytes: int
+
+
+class _Rows(NamedTuple):
+    """What the reduction needs to know of each staged row, on the buffer's device."""
+
+    tensor: torch.Tensor  # (rows,) the tensor the row belongs to
+    offset: torch.Tensor  # (rows,) 2 * ROW_WORDS * q for the row's index q within its tensor
+    valid: torch.Tensor  # (rows,) bytes of the row that belong to its tensor
+    partial: torch.Tensor  # (m,) the rows with fewer than _ROW_BYTES valid bytes
 
 
 def _rows_of(nbytes: int) -> int:
@@ -78,42 +89,96 @@ def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.to(device)
 
 
-def _row_index(pieces: Sequence[_Piece], device: torch.device) -> torch.Tensor:
-    """``(2, rows)`` int64 on ``device``: each staged row's tensor, and ``2 * ROW_WORDS * q``
-    for its index ``q`` within that tensor (``pieces`` cover rows 0, 1, ... in order)."""
-    if not pieces:
-        return torch.zeros((2, 0), dtype=torch.int64, device=device)
-    tensors = torch.tensor([piece.tensor for piece in pieces], dtype=torch.int64)
-    counts = torch.tensor([piece.rows for piece in pieces], dtype=torch.int64)
-    # row - (start of the piece in the buffer - its first row in the tensor) = row in the tensor
-    shift = torch.tensor([piece.row - piece.first_row for piece in pieces], dtype=torch.int64)
-    local = torch.arange(pieces[-1].row + pieces[-1].rows) - shift.repeat_interleave(counts)
-    host = torch.stack([tensors.repeat_interleave(counts), local * (2 * ROW_WORDS)])
-    return _to_device(host, device)
+def _row_layout(pieces: Sequence[_Piece], device: torch.device) -> _Rows:
+    """The rows of ``pieces`` (which cover rows 0, 1, ... in order), expanded on ``device`` from
+    one small transfer of per-piece facts: per-row tables built on the host would cost more
+    than the digest of a large bucket."""
+    total = pieces[-1].row + pieces[-1].rows if pieces else 0
+    partial = [p.row + p.rows - 1 for p in pieces if p.nbytes % _ROW_BYTES]
+    facts = [value for p in pieces for value in (p.tensor, p.row, p.first_row, p.nbytes, p.rows)]
+    moved = _to_device(torch.tensor(facts + partial, dtype=torch.int64), device)
+    meta = moved[: len(facts)].view(-1, 5).t()
+    counts = meta[4]
+
+    def per_row(values: torch.Tensor) -> torch.Tensor:
+        # output_size: the total is known here, so CUDA needs no host sync to size the result
+        return torch.repeat_interleave(values, counts, output_size=total)
+
+    within = torch.arange(total, dtype=torch.int64, device=device) - per_row(meta[1])
+    return _Rows(
+        tensor=per_row(meta[0]),
+        offset=(within + per_row(meta[2])) * (2 * ROW_WORDS),
+        valid=(per_row(meta[3]) - within * _ROW_BYTES).clamp(0, _ROW_BYTES),
+        partial=moved[len(facts) :],
+    )
 
 
-def _add_row_sums(words: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
-    """Adds the sums of each row of ``words`` (``(rows, ROW_WORDS)`` int32) to ``out[tensor]``
-    (``(k, 2)`` int64) of the tensor ``index`` names for it (see :func:`_row_index`).
+def _masked_row_sums(words: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(plain, local)`` per row of ``words`` (``(rows, ROW_WORDS)`` int32), counting only each
+    row's first ``valid`` bytes: ``local`` weighs word ``j`` by ``2j + 1``. A word cut by the end
+    reads as its valid bytes with zeros above them, as the definition pads the last word.
 
     int64 products and sums wrap in two's complement: that is the definition's arithmetic
-    modulo ``2**64``, not an overflow to avoid. Integer addition is exact and order-independent,
-    so ``index_add_`` is deterministic on every device.
+    modulo ``2**64``, not an overflow to avoid.
     """
+    column = torch.arange(words.shape[1], dtype=torch.int64, device=words.device)
+    kept = (valid[:, None] - 4 * column).clamp(0, 4)
+    wide = words.to(torch.int64)
+    low_bytes = wide & (torch.bitwise_left_shift(torch.ones_like(kept), 8 * kept) - 1)
+    value = torch.where(kept == 4, wide, low_bytes)
+    return value.sum(1), (value * (2 * column + 1)).sum(1)
+
+
+@functools.cache
+def _compiled_row_sums() -> object:
+    # dynamic: the number of rows differs from buffer to buffer
+    return torch.compile(_masked_row_sums, dynamic=True)
+
+
+def _unmasked_row_sums(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(plain, local)`` of whole rows, in int64 temporaries bounded to a few times
+    :data:`STAGING_BYTES`. A row viewed as a 64 x 64 block gives the word at ``(i, j)`` the
+    position ``64 i + j``, so ``local`` follows from the block's 64 row sums (``across``) and 64
+    column sums (``down``): ``sum_i 128 i * across_i + sum_j (2j + 1) * down_j``."""
     by_row, by_column = _side_weights(words.device)
-    block = words.view(-1, _SIDE, _SIDE)
+    plain = torch.empty(words.shape[0], dtype=torch.int64, device=words.device)
+    local = torch.empty_like(plain)
+    chunk = STAGING_BYTES // _ROW_BYTES
+    for first in range(0, words.shape[0], chunk):
+        block = words[first : first + chunk].view(-1, _SIDE, _SIDE)
+        if words.is_cuda:
+            # Reductions that accumulate in int64 read each word once.
+            across = block.sum(2, dtype=torch.int64)
+            down = block.sum(1, dtype=torch.int64)
+        else:
+            # On the host one shared int64 copy is faster than two widening reductions.
+            wide = block.to(torch.int64)
+            across = wide.sum(2)
+            down = wide.sum(1)
+        plain[first : first + chunk] = across.sum(1)
+        local[first : first + chunk] = (across * by_row).sum(1) + (down * by_column).sum(1)
+    return plain, local
+
+
+def _add_row_sums(words: torch.Tensor, rows: _Rows, out: torch.Tensor) -> None:
+    """Adds the sums of each row of ``words`` (``(rows, ROW_WORDS)`` int32) to ``out[tensor]``
+    (``(k, 2)`` int64) of the tensor ``rows`` names for it. Integer addition is exact and
+    order-independent, so ``index_add_`` is deterministic on every device."""
+    if words.shape[0] == 0:
+        return
     if words.is_cuda:
-        # Reductions that accumulate in int64 read each word once.
-        across = block.sum(2, dtype=torch.int64)
-        down = block.sum(1, dtype=torch.int64)
+        row_sums = _compiled_row_sums()
+        plain, local = row_sums(words, rows.valid)  # type: ignore[operator]  # compiled callable
     else:
-        # On the host one shared int64 copy is faster than two widening reductions.
-        wide = block.to(torch.int64)
-        across = wide.sum(2)
-        down = wide.sum(1)
-    plain = across.sum(1)
-    weighted = torch.addcmul((across * by_row).sum(1) + (down * by_column).sum(1), index[1], plain)
-    out.index_add_(0, index[0], torch.stack([plain, weighted], dim=1))
+        # Only the last row of each tensor can be partial: the rest are summed whole, and the
+        # few partial rows again, masked.
+        plain, local = _unmasked_row_sums(words)
+        if rows.partial.numel():
+            plain[rows.partial], local[rows.partial] = _masked_row_sums(
+                words[rows.partial], rows.valid[rows.partial]
+            )
+    weighted = torch.addcmul(local, rows.offset, plain)
+    out.index_add_(0, rows.tensor, torch.stack([plain, weighted], dim=1))
 
 
 def _device_of(tensors: Sequence[torch.Tensor]) -> torch.device:
@@ -188,9 +253,7 @@ class DigestPlan:
         groups = _groups([r.numel() for r in raw], capacity)
         largest = max((group[-1].row + group[-1].rows for group in groups), default=0)
         self._staging = torch.empty(largest * _ROW_BYTES, dtype=torch.uint8, device=self.device)
-        self._groups: list[
-            tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor]
-        ]
+        self._groups: list[tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], _Rows]]
         self._groups = []
         for pieces in groups:
             rows = pieces[-1].row + pieces[-1].rows
@@ -200,17 +263,15 @@ class DigestPlan:
                 raw[p.tensor][p.first_row * _ROW_BYTES : p.first_row * _ROW_BYTES + p.nbytes]
                 for p in pieces
             ]
-            self._groups.append((buffer, targets, sources, _row_index(pieces, self.device)))
+            self._groups.append((buffer, targets, sources, _row_layout(pieces, self.device)))
 
     def sums(self) -> torch.Tensor:
         """The fingerprint sums of what the tensors hold now, ``(count, 2)`` int64 on their
         device, without a host sync."""
         out = torch.zeros((self.count, 2), dtype=torch.int64, device=self.device)
-        for buffer, targets, sources, index in self._groups:
-            # the padding after each piece must read as zero words
-            buffer.zero_()
+        for buffer, targets, sources, rows in self._groups:
             torch._foreach_copy_(targets, sources)
-            _add_row_sums(buffer.view(torch.int32).view(-1, ROW_WORDS), index, out)
+            _add_row_sums(buffer.view(torch.int32).view(-1, ROW_WORDS), rows, out)
         return out
 
 
@@ -224,11 +285,10 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class DigestBuffer:
-    """One zeroed device buffer holding tensors of the given shapes and dtypes at row-aligned
+    """One device buffer holding tensors of the given shapes and dtypes at row-aligned
     offsets, for callers that write the tensors anyway (weight sync casts each bucket to the
     engine's dtype): :meth:`sums` fingerprints whatever :attr:`views` hold, with no staging copy.
-
-    Write the tensors only through :attr:`views`: the bytes between them must stay zero.
+    The bytes between the views are never read, so the buffer is not zeroed.
     """
 
     def __init__(
@@ -252,7 +312,7 @@ class DigestBuffer:
         groups = _groups(sizes, sys.maxsize)
         self._pieces = groups[0] if groups else []
         rows = self._pieces[-1].row + self._pieces[-1].rows if self._pieces else 0
-        self._words = torch.zeros((rows, ROW_WORDS), dtype=torch.int32, device=self.device)
+        self._words = torch.empty((rows, ROW_WORDS), dtype=torch.int32, device=self.device)
         flat = self._words.view(-1).view(torch.uint8)
         start = {p.tensor: p.row * _ROW_BYTES for p in self._pieces}
         # One typed view of the whole buffer per dtype, then one as_strided per tensor: slicing
@@ -265,7 +325,7 @@ class DigestBuffer:
             )
             for i, (shape, dtype) in enumerate(self.specs)
         ]
-        self._index = _row_index(self._pieces, self.device)
+        self._rows = _row_layout(self._pieces, self.device)
 
     @property
     def nbytes(self) -> int:
@@ -276,11 +336,7 @@ class DigestBuffer:
         """The fingerprint sums of what :attr:`views` hold now, ``(len(views), 2)`` int64 on
         the buffer's device, without a host sync."""
         out = torch.zeros((len(self.specs), 2), dtype=torch.int64, device=self.device)
-        # chunks bound the int64 temporaries to a few times STAGING_BYTES
-        chunk = STAGING_BYTES // _ROW_BYTES
-        for first in range(0, self._words.shape[0], chunk):
-            rows = slice(first, first + chunk)
-            _add_row_sums(self._words[rows], self._index[:, rows], out)
+        _add_row_sums(self._words, self._rows, out)
         return out
 
 

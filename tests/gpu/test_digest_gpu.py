@@ -1,0 +1,65 @@
+"""Tensor digests on CUDA, where each row reduction runs as one compiled kernel: every sum
+against the definition evaluated in plain Python integers, and equal to the digest of the same
+bytes on the host.
+
+Skipped with a reason where CUDA is missing (CI has none).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lrft.api.digest import DigestBuffer, DigestPlan, PendingDigests, tensor_digests
+from tests.unit.test_api_digest import ROW_BYTES, cases, reference_digest
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+DEVICE = torch.device("cuda", 0)
+
+
+@pytest.fixture(scope="module")
+def expected() -> dict[str, str]:
+    return {name: reference_digest(tensor) for name, tensor in cases().items()}
+
+
+def test_digests_on_cuda_equal_the_definition(expected: dict[str, str]) -> None:
+    on_device = {name: tensor.to(DEVICE) for name, tensor in cases().items()}
+    assert tensor_digests(on_device) == expected
+
+
+@pytest.mark.parametrize("staging_bytes", [ROW_BYTES, 3 * ROW_BYTES + 100])
+def test_a_plan_split_into_groups_on_cuda_equals_the_definition(
+    staging_bytes: int, expected: dict[str, str]
+) -> None:
+    tensors = {name: tensor.to(DEVICE) for name, tensor in cases().items()}
+    plan = DigestPlan(list(tensors.values()), staging_bytes=staging_bytes)
+    for _ in range(2):  # the second pass stages over the first one's bytes
+        sums = plan.sums().tolist()
+        got = {
+            name: reference_digest(tensor.cpu(), (plain, weighted))
+            for (name, tensor), (plain, weighted) in zip(tensors.items(), sums, strict=True)
+        }
+        assert got == expected
+
+
+def test_a_digest_buffer_on_cuda_ignores_the_bytes_between_its_views(
+    expected: dict[str, str],
+) -> None:
+    tensors = cases()
+    buffer = DigestBuffer([(tuple(t.shape), t.dtype) for t in tensors.values()], DEVICE)
+    whole = buffer.views[0].reshape(-1).view(torch.uint8).as_strided((buffer.nbytes,), (1,), 0)
+    whole.fill_(0xAB)
+    for view, tensor in zip(buffer.views, tensors.values(), strict=True):
+        view.copy_(tensor)
+    pending = PendingDigests()
+    pending.add_buffer(list(tensors), buffer)
+    assert pending.resolve() == expected
+
+
+def test_a_large_bf16_tensor_digests_as_on_the_host() -> None:
+    # Many rows per tensor: the row offsets (8192 q) and int64 wrap-around at scale.
+    generator = torch.Generator().manual_seed(5)
+    tensor = torch.randn(4099, 1531, generator=generator).to(torch.bfloat16)
+    host = tensor_digests({"w": tensor})
+    assert tensor_digests({"w": tensor.to(DEVICE)}) == host
