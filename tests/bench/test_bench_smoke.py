@@ -99,7 +99,10 @@ def test_all_parts_on_the_tiny_workload(tmp_path: Path) -> None:
         assert _positive(sync["seconds_median"][name])
         assert _positive(sync["GBps"][name])
         assert _positive(sync["fraction_of_device_copy"][name])
+        assert _positive(sync["fraction_of_cast_copy"][name])
     assert _positive(sync["device_copy_GBps"])
+    assert _positive(sync["cast_copy_seconds"])
+    assert (sync["trainer_dtype"], sync["engine_dtype"]) == ("float32", "float32")
     assert sync["all_gather_bus_GBps"] is None  # one rank
     assert sync["fraction_of_all_gather"] is None
 

@@ -69,6 +69,21 @@ def device_copy_gbps(device: torch.device, nbytes: int, *, repeats: int = 5) -> 
     return source.numel() / seconds / 1e9
 
 
+def cast_copy_seconds(
+    device: torch.device,
+    numel: int,
+    source: torch.dtype,
+    target: torch.dtype,
+    *,
+    repeats: int = 5,
+) -> float:
+    """Seconds of one copy of ``numel`` elements from ``source`` into ``target`` dtype on
+    ``device``: every byte of the one read and every byte of the other written, once."""
+    values = torch.randn(max(numel, 1), device=device).to(source)
+    out = torch.empty(values.shape, dtype=target, device=device)
+    return median_seconds(lambda: out.copy_(values), device, repeats=repeats)
+
+
 def host_to_device_gbps(device: torch.device, nbytes: int, *, repeats: int = 5) -> float | None:
     """GB/s of an ``nbytes`` copy from pinned host memory to the device; ``None`` off CUDA."""
     if device.type != "cuda":

@@ -118,7 +118,10 @@ def table(document: dict[str, Any]) -> str:
         )
         gather = sync["fraction_of_all_gather"]
         for name in ("verified", "unverified", "gather_only"):
-            versus = f"{_fraction(sync['fraction_of_device_copy'][name])} of copy"
+            versus = (
+                f"{_fraction(sync['fraction_of_device_copy'][name])} of copy, "
+                f"{_fraction(sync['fraction_of_cast_copy'][name])} of cast copy"
+            )
             if gather is not None:
                 versus += f", {_fraction(gather[name])} of all-gather"
             lines.append(
@@ -129,6 +132,12 @@ def table(document: dict[str, Any]) -> str:
                 )
             )
         lines.append(_row("device copy ceiling", f"{sync['device_copy_GBps']:.1f} GB/s"))
+        lines.append(
+            _row(
+                f"cast copy ceiling ({sync['trainer_dtype']} to {sync['engine_dtype']})",
+                f"{sync['cast_copy_seconds'] * 1e3:.2f} ms",
+            )
+        )
         if sync["all_gather_bus_GBps"] is not None:
             lines.append(_row("all-gather bus ceiling", f"{sync['all_gather_bus_GBps']:.1f} GB/s"))
     sleep = document.get("sleep")

@@ -24,6 +24,7 @@ from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
 from lrft.bench.assets import random_model
 from lrft.bench.ceilings import (
     all_gather_bus_gbps,
+    cast_copy_seconds,
     compute_dtype,
     device_copy_gbps,
     host_to_device_gbps,
@@ -90,12 +91,15 @@ def run_sync(workload: Workload) -> dict[str, Any]:
         )
     nbytes = engine_bytes(engine)
     copy = device_copy_gbps(device, nbytes)
+    trainer_dtype = _trainer_dtype(actor.module)
+    engine_dtype = compute_dtype(device)
+    cast = cast_copy_seconds(device, nbytes // engine_dtype.itemsize, trainer_dtype, engine_dtype)
     gather = all_gather_bus_gbps(device, nbytes)
     median = {name: statistics.median(values) for name, values in seconds.items()}
     gbps = {name: nbytes / value / 1e9 for name, value in median.items()}
     engine.shutdown()
     return {
-        "engine_dtype": str(compute_dtype(device)).removeprefix("torch."),
+        "engine_dtype": str(engine_dtype).removeprefix("torch."),
         "tensors": report.tensors,
         "bytes": nbytes,
         "buckets": report.buckets,
@@ -105,6 +109,9 @@ def run_sync(workload: Workload) -> dict[str, Any]:
         "GBps": gbps,
         "device_copy_GBps": copy,
         "fraction_of_device_copy": {name: value / copy for name, value in gbps.items()},
+        "trainer_dtype": str(trainer_dtype).removeprefix("torch."),
+        "cast_copy_seconds": cast,
+        "fraction_of_cast_copy": {name: cast / value for name, value in median.items()},
         "all_gather_bus_GBps": gather,
         "fraction_of_all_gather": (
             None
@@ -116,6 +123,14 @@ def run_sync(workload: Workload) -> dict[str, Any]:
         ),
         "world_size": info.world_size,
     }
+
+
+def _trainer_dtype(module: torch.nn.Module) -> torch.dtype:
+    """The dtype the trainer keeps its weights in (what a sync reads)."""
+    dtypes = {p.dtype for p in module.parameters()}
+    if len(dtypes) != 1:
+        raise ValueError(f"the benchmark model holds parameters of several dtypes: {dtypes}")
+    return dtypes.pop()
 
 
 def all_gather_seconds(nbytes: int, world_size: int, bus_gbps: float) -> float:
