@@ -18,7 +18,7 @@ Computation. A list of tensors costs a fixed number of kernels per group of up t
 :data:`STAGING_BYTES`, however many tensors it holds: their bytes are copied (one fused copy) into
 a buffer of rows of :data:`ROW_WORDS` words, each tensor starting on a row, and every row is
 reduced at once; the bytes of a row past its tensor's end are masked out, so buffers are never
-zeroed. On CUDA the reduction is one compiled kernel that reads each word once and produces both
+zeroed. On CUDA the reduction is one Triton kernel that reads each word once and produces both
 sums of every row; elsewhere it runs eagerly. Each row's two sums are then added to its tensor's
 entry (a row ``q`` rows into its tensor adds ``8192 q * plain_row`` to its weighted sum). The sums
 are read back on the host only when :class:`PendingDigests` resolves them.
@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 import torch
@@ -130,9 +130,12 @@ def _masked_row_sums(words: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Te
 
 
 @functools.cache
-def _compiled_row_sums() -> object:
-    # dynamic: the number of rows differs from buffer to buffer
-    return torch.compile(_masked_row_sums, dynamic=True)
+def _device_kernel() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    try:
+        from lrft.api._digest_kernel import row_sums
+    except ImportError:  # a torch build without Triton: the eager reduction, slower but equal
+        return None
+    return row_sums
 
 
 def _unmasked_row_sums(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,9 +169,9 @@ def _add_row_sums(words: torch.Tensor, rows: _Rows, out: torch.Tensor) -> None:
     order-independent, so ``index_add_`` is deterministic on every device."""
     if words.shape[0] == 0:
         return
-    if words.is_cuda:
-        row_sums = _compiled_row_sums()
-        plain, local = row_sums(words, rows.valid)  # type: ignore[operator]  # compiled callable
+    kernel = _device_kernel() if words.is_cuda else None
+    if kernel is not None:
+        sums = kernel(words, rows.valid, rows.offset)
     else:
         # Only the last row of each tensor can be partial: the rest are summed whole, and the
         # few partial rows again, masked.
@@ -177,8 +180,8 @@ def _add_row_sums(words: torch.Tensor, rows: _Rows, out: torch.Tensor) -> None:
             plain[rows.partial], local[rows.partial] = _masked_row_sums(
                 words[rows.partial], rows.valid[rows.partial]
             )
-    weighted = torch.addcmul(local, rows.offset, plain)
-    out.index_add_(0, rows.tensor, torch.stack([plain, weighted], dim=1))
+        sums = torch.stack([plain, torch.addcmul(local, rows.offset, plain)], dim=1)
+    out.index_add_(0, rows.tensor, sums)
 
 
 def _device_of(tensors: Sequence[torch.Tensor]) -> torch.device:
@@ -284,53 +287,94 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+class _BufferLayout(NamedTuple):
+    rows: int
+    starts: list[int]  # each tensor's byte offset in the buffer
+    table: _Rows
+
+
+@functools.lru_cache(maxsize=256)
+def _buffer_layout(
+    specs: tuple[tuple[tuple[int, ...], torch.dtype], ...], device: torch.device
+) -> _BufferLayout:
+    """The layout of a :class:`DigestBuffer`, kept per distinct list of specs and device: a
+    sync lays out the same buckets every time, and building the row table costs more host time
+    than digesting a bucket on a GPU."""
+    sizes = []
+    for shape, dtype in specs:
+        if any(d < 0 for d in shape):
+            raise ValueError(f"DigestBuffer shape {shape} has a negative dimension")
+        numel = 1
+        for d in shape:
+            numel *= d
+        sizes.append(numel * dtype.itemsize)
+    # one group, nothing split: every tensor lies whole at its own row offset
+    groups = _groups(sizes, sys.maxsize)
+    pieces = groups[0] if groups else []
+    start = {p.tensor: p.row * _ROW_BYTES for p in pieces}
+    return _BufferLayout(
+        rows=pieces[-1].row + pieces[-1].rows if pieces else 0,
+        starts=[start.get(i, 0) for i in range(len(specs))],
+        table=_row_layout(pieces, device),
+    )
+
+
 class DigestBuffer:
     """One device buffer holding tensors of the given shapes and dtypes at row-aligned
     offsets, for callers that write the tensors anyway (weight sync casts each bucket to the
     engine's dtype): :meth:`sums` fingerprints whatever :attr:`views` hold, with no staging copy.
     The bytes between the views are never read, so the buffer is not zeroed.
+
+    ``pin_memory`` (host buffers only) page-locks the buffer, so that a whole-buffer copy to or
+    from a CUDA device (:meth:`copy_from`) runs at full bandwidth.
     """
 
     def __init__(
         self,
         specs: Sequence[tuple[tuple[int, ...], torch.dtype]],
         device: torch.device | str,
+        *,
+        pin_memory: bool = False,
     ) -> None:
         self.specs: list[tuple[tuple[int, ...], torch.dtype]] = [
             (tuple(shape), dtype) for shape, dtype in specs
         ]
         self.device = torch.device(device)
-        sizes = []
-        for shape, dtype in self.specs:
-            if any(d < 0 for d in shape):
-                raise ValueError(f"DigestBuffer shape {shape} has a negative dimension")
-            numel = 1
-            for d in shape:
-                numel *= d
-            sizes.append(numel * dtype.itemsize)
-        # one group, nothing split: every tensor lies whole at its own row offset
-        groups = _groups(sizes, sys.maxsize)
-        self._pieces = groups[0] if groups else []
-        rows = self._pieces[-1].row + self._pieces[-1].rows if self._pieces else 0
-        self._words = torch.empty((rows, ROW_WORDS), dtype=torch.int32, device=self.device)
+        if pin_memory and self.device.type != "cpu":
+            raise ValueError(
+                f"DigestBuffer pin_memory needs a host buffer, got device {self.device}"
+            )
+        layout = _buffer_layout(tuple(self.specs), self.device)
+        self._words = torch.empty(
+            (layout.rows, ROW_WORDS), dtype=torch.int32, device=self.device, pin_memory=pin_memory
+        )
         flat = self._words.view(-1).view(torch.uint8)
-        start = {p.tensor: p.row * _ROW_BYTES for p in self._pieces}
         # One typed view of the whole buffer per dtype, then one as_strided per tensor: slicing
         # and two views per tensor cost several times more host time. 16 KiB row offsets
         # satisfy the alignment of every dtype.
         typed = {dtype: flat.view(dtype) for dtype in {dtype for _, dtype in self.specs}}
         self.views: list[torch.Tensor] = [
-            typed[dtype].as_strided(
-                shape, _contiguous_strides(shape), start.get(i, 0) // dtype.itemsize
-            )
-            for i, (shape, dtype) in enumerate(self.specs)
+            typed[dtype].as_strided(shape, _contiguous_strides(shape), start // dtype.itemsize)
+            for (shape, dtype), start in zip(self.specs, layout.starts, strict=True)
         ]
-        self._rows = _row_layout(self._pieces, self.device)
+        self._rows = layout.table
 
     @property
     def nbytes(self) -> int:
         """Bytes the buffer occupies on its device, padding included."""
         return self._words.numel() * 4
+
+    def copy_from(self, source: DigestBuffer) -> None:
+        """Copies every tensor ``source`` holds into :attr:`views` as one copy of the whole
+        buffer (padding included), from any device: ``source`` must hold the same specs, so
+        its layout is this one's."""
+        if source.specs != self.specs:
+            raise ValueError(
+                f"DigestBuffer.copy_from needs the same specs: this buffer holds "
+                f"{len(self.specs)} tensors, the source {len(source.specs)}, and the first "
+                f"differing spec is {_first_difference(self.specs, source.specs)}"
+            )
+        self._words.copy_(source._words)
 
     def sums(self) -> torch.Tensor:
         """The fingerprint sums of what :attr:`views` hold now, ``(len(views), 2)`` int64 on
@@ -338,6 +382,16 @@ class DigestBuffer:
         out = torch.zeros((len(self.specs), 2), dtype=torch.int64, device=self.device)
         _add_row_sums(self._words, self._rows, out)
         return out
+
+
+def _first_difference(
+    ours: Sequence[tuple[tuple[int, ...], torch.dtype]],
+    theirs: Sequence[tuple[tuple[int, ...], torch.dtype]],
+) -> str:
+    for position, (mine, other) in enumerate(zip(ours, theirs, strict=False)):
+        if mine != other:
+            return f"at {position}: {mine} here, {other} in the source"
+    return f"at {min(len(ours), len(theirs))}: one list ends there"
 
 
 def format_digest(shape: Sequence[int], dtype: torch.dtype, sums: Sequence[int]) -> str:
