@@ -11,11 +11,13 @@ Two decoding paths, chosen by ``HFEngineConfig.decode``, both in chunks of at mo
   on the device, no per-token host synchronisation); ``cuda_graph`` replays each step from a CUDA
   graph, ``compiled`` compiles the step with ``torch.compile`` first (the CUDA default).
 
-Memory: ``generate``'s KV cache exists only inside a call; the static loop keeps its cache and
-graphs between calls. Sleeping frees both (the static cache and graphs are dropped, and the
-allocator's cached blocks returned); the next call allocates and captures again, on the weights
-where waking put them. Level 1 parks the weights in host memory (pinned on CUDA) and level 2
-frees their storage; on a CPU device level 1 has nothing to move. TP 1 only.
+Memory: the weights are views into one flat device buffer (``_weight_moves.FlatWeights``), so
+``weights_digest`` reads them in place and parking moves them in one copy. ``generate``'s KV
+cache exists only inside a call; the static loop keeps its cache and graphs between calls.
+Sleeping frees both (the static cache and graphs are dropped, and the allocator's cached blocks
+returned); the next call allocates and captures again, on the weights where waking put them.
+Level 1 parks the weight buffer in host memory (pinned on CUDA) and level 2 frees it; on a CPU
+device level 1 has nothing to move. TP 1 only.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from lrft.api import validators as v
 from lrft.api.capabilities import EngineCapabilities
-from lrft.api.digest import DigestPlan, format_digest
+from lrft.api.digest import format_digest
 from lrft.api.errors import CapabilityNotSupported, ConfigError
 from lrft.api.protocols import NamedTensors, WeightLoader
 from lrft.api.types import (
@@ -43,9 +45,9 @@ from lrft.api.types import (
     TensorSpec,
     WeightsResidency,
 )
-from lrft.backends.rollout import _weight_moves as weight_moves
 from lrft.backends.rollout._hf_decode import PAD_ID, StaticDecoder, static_decode_unsupported
 from lrft.backends.rollout._lifecycle import EngineLifecycle, LifecycleViews
+from lrft.backends.rollout._weight_moves import FlatWeights
 
 DECODE_PATHS = ("auto", "generate", "static", "cuda_graph", "compiled")
 
@@ -98,8 +100,9 @@ class HFRolloutEngine(LifecycleViews):
     """A ``RolloutEngine`` (structurally) on a transformers causal LM; see ``lrft.api``.
 
     The engine takes ownership of ``model``: it moves and casts it, replaces its generation
-    config, and frees or replaces its parameters' storage when sleeping. ``weights_version`` starts
-    at 0 (the weights it was built with).
+    config, copies its parameters into one flat buffer (each Parameter's data becomes a view of
+    it, so the model's own storage is freed) and frees or replaces that buffer when sleeping.
+    ``weights_version`` starts at 0 (the weights it was built with).
     """
 
     def __init__(self, model: torch.nn.Module, *, config: HFEngineConfig | None = None) -> None:
@@ -118,9 +121,7 @@ class HFRolloutEngine(LifecycleViews):
         self._model: torch.nn.Module | None = model
         # named_parameters() lists a tied weight once; the other names it has become aliases.
         self._params = dict(model.named_parameters())
-        # Made on the first digest and dropped whenever the weights move (sleep, wake): it
-        # reads the parameters' storage as it was when it was made.
-        self._digest_plan: DigestPlan | None = None
+        self._weights: FlatWeights | None = FlatWeights(self._params, self._device)
         canonical = {id(p): name for name, p in self._params.items()}
         aliases = {
             name: canonical[id(p)]
@@ -284,15 +285,24 @@ class HFRolloutEngine(LifecycleViews):
 
     # --- memory ------------------------------------------------------------------------------
 
+    @property
+    def _flat(self) -> FlatWeights:
+        assert self._weights is not None  # cleared only by shutdown, which the lifecycle refuses
+        return self._weights
+
     def sleep(self, level: int) -> None:
         plan = self._lifecycle.plan_sleep(level)
-        self._digest_plan = None
         if self._decoder is not None:
             self._decoder.release()
         if plan.weights_to is WeightsResidency.RELEASED and plan.moves_weights:
-            weight_moves.release(self._params, self._device)
-        elif plan.weights_to is WeightsResidency.PARKED and plan.moves_weights:
-            weight_moves.park(self._params, self._device)
+            self._flat.release()
+        elif (
+            plan.weights_to is WeightsResidency.PARKED
+            and plan.moves_weights
+            # on a CPU device the weights already are in host memory: nothing to park
+            and self._device.type != "cpu"
+        ):
+            self._flat.park()
         self._empty_device_cache()
         self._lifecycle.finish_sleep(plan)
 
@@ -300,11 +310,10 @@ class HFRolloutEngine(LifecycleViews):
         self, parts: Collection[EnginePart] = (EnginePart.WEIGHTS, EnginePart.KV_CACHE)
     ) -> None:
         plan = self._lifecycle.plan_wake(parts)
-        self._digest_plan = None
-        if plan.weights_from is WeightsResidency.PARKED:
-            weight_moves.restore(self._params, self._device)
+        if plan.weights_from is WeightsResidency.PARKED and self._flat.parked:
+            self._flat.restore()
         elif plan.weights_from is WeightsResidency.RELEASED:
-            weight_moves.allocate(self._params, self._lifecycle.specs, self._device)
+            self._flat.allocate()
         # The KV cache needs nothing here: the next generate allocates it (and captures the
         # static loop's graphs again, on the weights' new addresses).
         self._lifecycle.finish_wake(plan)
@@ -331,9 +340,8 @@ class HFRolloutEngine(LifecycleViews):
 
     def weights_digest(self) -> dict[str, str]:
         self._lifecycle.check_weights_resident("read the weights digest")
-        if self._digest_plan is None:
-            self._digest_plan = DigestPlan(list(self._params.values()))
-        sums = self._digest_plan.sums().tolist()
+        # One reduction over the weight buffer in place, in the order of self._params.
+        sums = self._flat.sums().tolist()
         return {
             name: format_digest(p.shape, p.dtype, fingerprint)
             for (name, p), fingerprint in zip(self._params.items(), sums, strict=True)
@@ -347,7 +355,7 @@ class HFRolloutEngine(LifecycleViews):
                 self._decoder.release()
                 self._decoder = None
             self._params.clear()
-            self._digest_plan = None
+            self._weights = None
             self._model = None
             self._empty_device_cache()
 
