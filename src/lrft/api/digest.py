@@ -17,8 +17,9 @@ less than ``2**31`` words apart. The fingerprint string is ``"{dtype}[{dims}]:{p
 Computation. A list of tensors costs a fixed number of kernels per group of up to
 :data:`STAGING_BYTES`, however many tensors it holds: their bytes are copied (one fused copy) into
 a buffer of rows of :data:`ROW_WORDS` words, each tensor starting on a row, and every row is
-reduced at once; the bytes of a row past its tensor's end are masked out, so buffers are never
-zeroed. On CUDA the reduction is one Triton kernel that reads each word once and produces both
+reduced at once. The bytes of a row past its tensor's end belong to no tensor and never count
+(the CUDA kernel masks them, the eager path zeroes them before summing), so no buffer is zeroed
+when it is made. On CUDA the reduction is one Triton kernel that reads each word once and produces both
 sums of every row; elsewhere it runs eagerly. Each row's two sums are then added to its tensor's
 entry (a row ``q`` rows into its tensor adds ``8192 q * plain_row`` to its weighted sum). The sums
 are read back on the host only when :class:`PendingDigests` resolves them.
@@ -66,6 +67,9 @@ class _Rows(NamedTuple):
     offset: torch.Tensor  # (rows,) 2 * ROW_WORDS * q for the row's index q within its tensor
     valid: torch.Tensor  # (rows,) bytes of the row that belong to its tensor
     partial: torch.Tensor  # (m,) the rows with fewer than _ROW_BYTES valid bytes
+    # (m, ROW_WORDS) int32 masks that keep only the valid bytes of each partial row, for the
+    # eager reduction; empty where the device kernel masks as it reads
+    tail_masks: torch.Tensor
 
 
 def _rows_of(nbytes: int) -> int:
@@ -105,28 +109,29 @@ def _row_layout(pieces: Sequence[_Piece], device: torch.device) -> _Rows:
         return torch.repeat_interleave(values, counts, output_size=total)
 
     within = torch.arange(total, dtype=torch.int64, device=device) - per_row(meta[1])
+    valid = (per_row(meta[3]) - within * _ROW_BYTES).clamp(0, _ROW_BYTES)
+    partial_rows = moved[len(facts) :]
+    if device.type == "cuda" and _device_kernel() is not None:
+        tail_masks = torch.empty((0, ROW_WORDS), dtype=torch.int32, device=device)
+    else:
+        column = torch.arange(ROW_WORDS, dtype=torch.int64, device=device)
+        kept = (valid[partial_rows][:, None] - 4 * column).clamp(0, 4)
+        # bytes kept per word -> the word's mask: 4 -> all bits (-1 as int32), 0 -> none
+        tail_masks = (torch.bitwise_left_shift(torch.ones_like(kept), 8 * kept) - 1).to(torch.int32)
     return _Rows(
         tensor=per_row(meta[0]),
         offset=(within + per_row(meta[2])) * (2 * ROW_WORDS),
-        valid=(per_row(meta[3]) - within * _ROW_BYTES).clamp(0, _ROW_BYTES),
-        partial=moved[len(facts) :],
+        valid=valid,
+        partial=partial_rows,
+        tail_masks=tail_masks,
     )
 
 
-def _masked_row_sums(words: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(plain, local)`` per row of ``words`` (``(rows, ROW_WORDS)`` int32), counting only each
-    row's first ``valid`` bytes: ``local`` weighs word ``j`` by ``2j + 1``. A word cut by the end
-    reads as its valid bytes with zeros above them, as the definition pads the last word.
-
-    int64 products and sums wrap in two's complement: that is the definition's arithmetic
-    modulo ``2**64``, not an overflow to avoid.
-    """
-    column = torch.arange(words.shape[1], dtype=torch.int64, device=words.device)
-    kept = (valid[:, None] - 4 * column).clamp(0, 4)
-    wide = words.to(torch.int64)
-    low_bytes = wide & (torch.bitwise_left_shift(torch.ones_like(kept), 8 * kept) - 1)
-    value = torch.where(kept == 4, wide, low_bytes)
-    return value.sum(1), (value * (2 * column + 1)).sum(1)
+def _zero_tails(words: torch.Tensor, rows: _Rows) -> None:
+    """Zeroes the bytes of each partial row past its tensor's end (padding, which no tensor
+    view covers), so that whole-row sums count them as the definition's zero padding."""
+    if rows.partial.numel():
+        words[rows.partial] = words[rows.partial] & rows.tail_masks
 
 
 @functools.cache
@@ -142,7 +147,10 @@ def _unmasked_row_sums(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     """``(plain, local)`` of whole rows, in int64 temporaries bounded to a few times
     :data:`STAGING_BYTES`. A row viewed as a 64 x 64 block gives the word at ``(i, j)`` the
     position ``64 i + j``, so ``local`` follows from the block's 64 row sums (``across``) and 64
-    column sums (``down``): ``sum_i 128 i * across_i + sum_j (2j + 1) * down_j``."""
+    column sums (``down``): ``sum_i 128 i * across_i + sum_j (2j + 1) * down_j``.
+
+    int64 products and sums wrap in two's complement: that is the definition's arithmetic
+    modulo ``2**64``, not an overflow to avoid."""
     by_row, by_column = _side_weights(words.device)
     plain = torch.empty(words.shape[0], dtype=torch.int64, device=words.device)
     local = torch.empty_like(plain)
@@ -173,13 +181,8 @@ def _add_row_sums(words: torch.Tensor, rows: _Rows, out: torch.Tensor) -> None:
     if kernel is not None:
         sums = kernel(words, rows.valid, rows.offset)
     else:
-        # Only the last row of each tensor can be partial: the rest are summed whole, and the
-        # few partial rows again, masked.
+        _zero_tails(words, rows)
         plain, local = _unmasked_row_sums(words)
-        if rows.partial.numel():
-            plain[rows.partial], local[rows.partial] = _masked_row_sums(
-                words[rows.partial], rows.valid[rows.partial]
-            )
         sums = torch.stack([plain, torch.addcmul(local, rows.offset, plain)], dim=1)
     out.index_add_(0, rows.tensor, sums)
 
