@@ -4,9 +4,12 @@ dimensions that do not divide by the world size and ranks whose shard is empty."
 from __future__ import annotations
 
 import warnings
+from collections.abc import Generator
+from typing import NamedTuple
 
 import pytest
 import torch
+from torch.distributed.tensor import DTensor
 
 from lrft.backends.train._fsdp2_models import gather_full
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
@@ -93,6 +96,87 @@ class TestGatherDtypeWorld2(DistributedSuite):
         for result in pool.run(_gathered_in, torch.float16):
             # every floating-point parameter, fp32 and bf16 alike, travels in the asked dtype
             assert result == {name: (torch.float16, True) for name in result}
+
+
+class _BucketFacts(NamedTuple):
+    buckets: int
+    names: list[str]  # as yielded, every bucket in turn
+    module_order: list[str]
+    wrong: list[str]  # tensors that differ from the reference, or are not contiguous
+
+
+def _bf16_buckets_match_full_tensor(bucket_bytes: int) -> _BucketFacts:
+    """Each tensor, checked as it is handed out (while the next bucket's all-gather is in
+    flight), against DTensor's own ``full_tensor()`` of the sharded parameter, cast to bf16."""
+    from lrft.backends.train.fsdp2 import FSDP2Backend
+
+    current_rank_context()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        model = _Uneven()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        frozen = FSDP2Backend().prepare_frozen(model)
+    named = list(frozen.module.named_parameters())
+    reference = {
+        name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().to(torch.bfloat16)
+        for name, p in named
+    }
+    buckets = 0
+    names: list[str] = []
+    wrong: list[str] = []
+    for bucket in frozen.full_weights(bucket_bytes, gather_dtype=torch.bfloat16):
+        buckets += 1
+        for name, tensor in bucket:
+            names.append(name)
+            if not (tensor.is_contiguous() and tensor.dtype == torch.bfloat16):
+                wrong.append(f"{name}: layout or dtype")
+            elif not torch.equal(tensor, reference[name]):
+                wrong.append(f"{name}: values")
+    return _BucketFacts(buckets, names, [name for name, _ in named], wrong)
+
+
+def _closed_early_then_gathered_again() -> list[str]:
+    """Every rank stops after the first bucket, with the second one's all-gather issued; the
+    next full pass must still pair every rank's collectives. Returns the mismatched names."""
+    from lrft.backends.train.fsdp2 import FSDP2Backend
+
+    current_rank_context()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(2)
+        model = _Uneven()
+    expected = {name: p.detach().clone() for name, p in model.named_parameters()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        frozen = FSDP2Backend().prepare_frozen(model)
+    stream = frozen.full_weights(64, gather_dtype=torch.bfloat16)
+    assert isinstance(stream, Generator)
+    next(stream)
+    stream.close()
+    return [
+        name
+        for bucket in frozen.full_weights(64)
+        for name, tensor in bucket
+        if not torch.equal(tensor, expected[name])
+    ]
+
+
+class TestPipelinedBucketsWorld2(DistributedSuite):
+    world_size = 2
+
+    # bf16 sizes in module order: table 84 B, low 24, first.weight 30, first.bias 10,
+    # second.weight 10, second.bias 2 (rows 7, 3, 5, 5, 1, 1 over 2 ranks)
+    @pytest.mark.parametrize(("bucket_bytes", "buckets"), [(1, 6), (64, 3), (1 << 20, 1)])
+    def test_every_bucket_equals_full_tensor_cast(
+        self, pool: RankPool, bucket_bytes: int, buckets: int
+    ) -> None:
+        for facts in pool.run(_bf16_buckets_match_full_tensor, bucket_bytes):
+            assert facts.wrong == []
+            assert facts.names == facts.module_order
+            assert facts.buckets == buckets
+
+    def test_closing_early_on_every_rank_leaves_them_paired(self, pool: RankPool) -> None:
+        assert pool.run(_closed_early_then_gathered_again) == [[], []]
 
 
 def _dtypes_on_one_rank() -> set[torch.dtype]:

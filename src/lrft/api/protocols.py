@@ -50,8 +50,9 @@ class WeightSource(Protocol):
         ``bucket_bytes``, except that a single tensor larger than the bound travels alone. Tensors
         are packed in order, so no bucket could have taken the next bucket's first tensor. A
         yielded tensor is valid until the next bucket is requested: copy what you keep, and never
-        write to it (it may be the parameter itself, on a single rank). Only the
-        current bucket is materialised, never the whole model. Tied parameters appear once, under
+        write to it (it may be the parameter itself, on a single rank). At most the current
+        bucket and the next one (whose gather may already be in flight) are materialised, never
+        the whole model. Tied parameters appear once, under
         the name ``named_parameters()`` gives them.
 
         ``gather_dtype`` is a hint from a caller that will store the weights in that dtype: a

@@ -17,15 +17,25 @@ GenerateFn = Callable[[Sequence[GenerationRequest], SamplingParams], list[Genera
 
 
 def all_gather_into(
-    output: torch.Tensor, local: torch.Tensor, group: dist.ProcessGroup | None = None
-) -> None:
+    output: torch.Tensor,
+    local: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    *,
+    async_op: bool = False,
+) -> dist.Work | None:
     """``output`` = every rank's ``local``, concatenated in rank order. Collective.
+
+    With ``async_op`` the collective is only issued and its work handle returned: ``output`` may
+    be read, and ``local`` freed or written, only after the handle's ``wait()`` (on a GPU, that
+    orders the current stream after the collective). Without it, returns None once ``output``
+    is ready to read on the current stream.
 
     torch 2.13 renamed ``all_gather_into_tensor`` to ``all_gather_single`` (the old name warns);
     earlier releases have only the old one.
     """
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(output, local, group=group)
+    work = gather(output, local, group=group, async_op=async_op)
+    return cast("dist.Work | None", work)
 
 
 def all_gather_objects(value: T, group: dist.ProcessGroup | None = None) -> list[T]:
@@ -82,7 +92,10 @@ def _checked(
         )
     for index, result in enumerate(results):
         request = requests[index // params.n]
-        if result.prompt_token_ids != request.prompt_token_ids or result.sample_index != index % params.n:
+        if (
+            result.prompt_token_ids != request.prompt_token_ids
+            or result.sample_index != index % params.n
+        ):
             raise LrftError(
                 f"engine result {index} (request_id {result.request_id!r}, sample "
                 f"{result.sample_index}) does not belong to request {index // params.n} "

@@ -2,7 +2,8 @@
 
 This is the colocated path: every rank gathers the full weights from its training shard
 (``full_weights``, collective) and loads them into its own engine, bucket by bucket, so the
-largest transient allocation is one bucket, not the model. Each bucket is one call into the
+largest transient allocation is a bucket or two (the one loading and, for a source that gathers
+ahead, the next one), never the model. Each bucket is one call into the
 engine (never one call per parameter). Verification compares the engine's digest of what it
 stores with the digest of what was sent, after the cast to the engine's dtype; the sent
 digests are computed on the device as the buckets pass and read back once, after the last

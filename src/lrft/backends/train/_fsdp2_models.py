@@ -92,65 +92,123 @@ def gather_full(
     On a 1-rank mesh the local shard is the whole tensor: it is returned as it is, with no
     collective, no cast and no copy.
     """
-    return _gather_entries([_entry(name, p) for name, p in named], device, gather_dtype)
+    return _start_gather([_entry(name, p) for name, p in named], device, gather_dtype).finish()
+
+
+class _RowsInFlight(NamedTuple):
+    """One issued all-gather of several row-sharded parameters (one mesh, one dtype)."""
+
+    work: dist.Work | None
+    world: int
+    received: torch.Tensor  # every rank's send buffer, in rank order
+    send: torch.Tensor  # referenced until the collective has completed
+    params: list[torch.Tensor]
+    rows: list[int]  # rows each rank sends per parameter, padding included
+    widths: list[int]  # elements each rank sends per parameter, padding included
+
+    def wait(self) -> None:
+        if self.work is not None:
+            self.work.wait()
+
+    def finish(self) -> list[torch.Tensor]:
+        """Waits for the collective, then copies every parameter's rank-major blocks out
+        contiguously in one fused call, padding rows cut off."""
+        self.wait()
+        world = self.world
+        out = torch.empty_like(self.received)
+        blocks = [
+            block.view(world, width)
+            for block, width in zip(
+                out.split_with_sizes([world * w for w in self.widths]), self.widths, strict=True
+            )
+        ]
+        # FSDP2's own copy-out op: one kernel for the whole bucket on CUDA, where a reshape per
+        # parameter costs a kernel launch and Python work each.
+        torch.split_with_sizes_copy(self.received.view(world, -1), self.widths, dim=1, out=blocks)
+        return [
+            block.view(world * r, *param.shape[1:])[: param.shape[0]]
+            for block, r, param in zip(blocks, self.rows, self.params, strict=True)
+        ]
 
 
 @torch.no_grad()
-def _gather_entries(
-    entries: list[_Entry], device: torch.device, gather_dtype: torch.dtype | None
-) -> list[tuple[str, torch.Tensor]]:
-    if gather_dtype is not None and not gather_dtype.is_floating_point:
-        gather_dtype = None
-    full: list[torch.Tensor | None] = [None] * len(entries)
-    batches: dict[tuple[int, torch.dtype], list[int]] = {}
-    for index, entry in enumerate(entries):
-        if entry.mesh_ranks:
-            mesh = cast(DTensor, entry.param).device_mesh
-            batches.setdefault((id(mesh), _gathered_dtype(entry, gather_dtype)), []).append(index)
-        else:
-            full[index] = _full_tensor(entry.param, device)
-    for (_, dtype), indices in batches.items():
-        gathered = _gather_rows([entries[i].param for i in indices], device, dtype)
-        for index, tensor in zip(indices, gathered, strict=True):
-            full[index] = tensor
-    return [
-        (entry.name, tensor)
-        for entry, tensor in zip(entries, full, strict=True)
-        if tensor is not None
-    ]
-
-
-def _gather_rows(
+def _start_rows(
     params: list[torch.Tensor], device: torch.device, dtype: torch.dtype
-) -> list[torch.Tensor]:
-    """One ``all_gather_into_tensor`` of every row-sharded parameter in ``params`` (one mesh),
-    in ``dtype``: each rank's shard is cast into a flat buffer, padded to ``ceil(rows / world)``
-    rows. On one rank the shards are returned as they are."""
+) -> _RowsInFlight:
+    """Issues one all-gather of every row-sharded parameter in ``params`` (one mesh of several
+    ranks), in ``dtype``: each rank's shard is cast into a flat buffer, padded to
+    ``ceil(rows / world)`` rows."""
     first = params[0]
     assert isinstance(first, DTensor)
     mesh = first.device_mesh
     world = mesh.size()
     # _local_tensor: to_local() re-wraps each shard as a Parameter view, per parameter per sync
     shards = [p._local_tensor if isinstance(p, DTensor) else p for p in params]
-    if world == 1:
-        return [shard.detach().to(device) for shard in shards]
     rows = [-(-p.shape[0] // world) for p in params]
     widths = [r * math.prod(p.shape[1:]) for r, p in zip(rows, params, strict=True)]
-    send = torch.zeros(sum(widths), dtype=dtype, device=device)
-    # one fused copy (and cast) of every shard into its slot (padding rows stay zero)
-    slots = send.split_with_sizes(widths)
-    torch._foreach_copy_(
-        [slot[: s.numel()] for slot, s in zip(slots, shards, strict=True)],
-        [s.detach().reshape(-1) for s in shards],
-    )
+    # Left uninitialised: shards are split torch.chunk style, so in the gathered tensor every
+    # real row comes before every padding row, and the copy-out cuts the padding off with
+    # [:rows] without reading it.
+    send = torch.empty(sum(widths), dtype=dtype, device=device)
+    # One fused copy (and cast) of every shard into its slot; one split cuts every slot and its
+    # padding apart, cheaper than slicing each slot.
+    sizes = [n for s, w in zip(shards, widths, strict=True) for n in (s.numel(), w - s.numel())]
+    torch._foreach_copy_(list(send.split_with_sizes(sizes)[::2]), [s.reshape(-1) for s in shards])
     received = torch.empty(world * send.numel(), dtype=dtype, device=device)
-    all_gather_into(received, send, group=mesh.get_group())
-    blocks = received.view(world, send.numel()).split_with_sizes(widths, dim=1)
-    # each parameter's rank-major blocks, made contiguous (a copy), padding rows cut off
-    return [
-        block.reshape(world * r, *param.shape[1:])[: param.shape[0]]
-        for param, r, block in zip(params, rows, blocks, strict=True)
+    work = all_gather_into(received, send, group=mesh.get_group(), async_op=True)
+    return _RowsInFlight(work, world, received, send, params, rows, widths)
+
+
+class _BucketInFlight(NamedTuple):
+    """A bucket whose collectives are issued: the full tensors of parameters that needed no
+    all-gather of rows, and the all-gathers of the rest, by position in the bucket."""
+
+    names: list[str]
+    ready: list[torch.Tensor | None]
+    gathers: list[tuple[list[int], _RowsInFlight]]
+
+    def wait(self) -> None:
+        for _, gather in self.gathers:
+            gather.wait()
+
+    @torch.no_grad()
+    def finish(self) -> list[tuple[str, torch.Tensor]]:
+        full = list(self.ready)
+        for indices, gather in self.gathers:
+            for index, tensor in zip(indices, gather.finish(), strict=True):
+                full[index] = tensor
+        return [
+            (name, tensor)
+            for name, tensor in zip(self.names, full, strict=True)
+            if tensor is not None
+        ]
+
+
+@torch.no_grad()
+def _start_gather(
+    entries: list[_Entry], device: torch.device, gather_dtype: torch.dtype | None
+) -> _BucketInFlight:
+    """Issues the collectives that gather ``entries``: one asynchronous all-gather per mesh and
+    dtype for row-sharded parameters; DTensor's own (blocking) gather for any other layout."""
+    if gather_dtype is not None and not gather_dtype.is_floating_point:
+        gather_dtype = None
+    ready: list[torch.Tensor | None] = [None] * len(entries)
+    batches: dict[tuple[int, torch.dtype], list[int]] = {}
+    for index, entry in enumerate(entries):
+        if entry.mesh_ranks > 1:
+            mesh = cast(DTensor, entry.param).device_mesh
+            batches.setdefault((id(mesh), _gathered_dtype(entry, gather_dtype)), []).append(index)
+        elif entry.mesh_ranks == 1:
+            # a 1-rank mesh: the shard is the whole tensor
+            shard = cast(DTensor, entry.param)._local_tensor
+            ready[index] = shard.detach().to(device)
+        else:
+            ready[index] = _full_tensor(entry.param, device)
+    gathers = [
+        (indices, _start_rows([entries[i].param for i in indices], device, dtype))
+        for (_, dtype), indices in batches.items()
     ]
+    return _BucketInFlight([entry.name for entry in entries], ready, gathers)
 
 
 class FSDP2FrozenModel(OffloadableModel):
@@ -189,7 +247,15 @@ class FSDP2FrozenModel(OffloadableModel):
         """Greedy in-order buckets of gathered parameters, on the device (gathered there even
         while the parameters are offloaded). Collective. With several ranks, floating-point
         parameters are cast to ``gather_dtype`` before the all-gather; on one rank nothing is
-        gathered, so nothing is cast (the caller's copy casts for free)."""
+        gathered, so nothing is cast (the caller's copy casts for free).
+
+        With several ranks the next bucket's all-gather is issued before a bucket is handed out,
+        so it travels while the caller loads this one: at most two buckets are in flight, and
+        the largest transient is about two buckets (the one handed out and the next one's
+        gather buffers), not one. Every rank must drain the iterator, as ``DirectSync`` does
+        even after a failed load, so that all ranks issue the same collectives. An iterator
+        closed early (the same bucket on every rank) first waits for the all-gather it already
+        issued, which every rank that reached that bucket issued too."""
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
         return self._buckets(bucket_bytes, gather_dtype)
@@ -200,19 +266,43 @@ class FSDP2FrozenModel(OffloadableModel):
         if dist.get_world_size() == 1:
             yield from self._local_buckets(bucket_bytes)
             return
+        packed = self._packed(bucket_bytes, gather_dtype)
+        first = next(packed, None)
+        in_flight = None if first is None else _start_gather(first, self._device, gather_dtype)
+        try:
+            while in_flight is not None:
+                arriving, in_flight = in_flight, None
+                bucket = arriving.finish()
+                # Its gather buffers go before the next bucket's are allocated, so the caller's
+                # bucket and the next one's buffers are all that stays.
+                del arriving
+                entries = next(packed, None)
+                if entries is not None:
+                    # Issued now, it runs on the collective's own stream while the caller
+                    # copies this bucket on the compute stream.
+                    in_flight = _start_gather(entries, self._device, gather_dtype)
+                yield bucket
+        finally:
+            if in_flight is not None:
+                # Closed early: complete the collective before its buffers are dropped.
+                in_flight.wait()
+
+    def _packed(
+        self, bucket_bytes: int, gather_dtype: torch.dtype | None
+    ) -> Iterator[list[_Entry]]:
+        """The entries of each bucket; sizes come from the global shapes, known before
+        gathering."""
         bucket: list[_Entry] = []
         size = 0
         for entry in self._entries:
-            # The size is known from the global shape before gathering, so the previous bucket
-            # is handed out (and can be released) before the next one is materialised.
             nbytes = entry.param.numel() * _gathered_dtype(entry, gather_dtype).itemsize
             if bucket and size + nbytes > bucket_bytes:
-                yield _gather_entries(bucket, self._device, gather_dtype)
+                yield bucket
                 bucket, size = [], 0
             bucket.append(entry)
             size += nbytes
         if bucket:
-            yield _gather_entries(bucket, self._device, gather_dtype)
+            yield bucket
 
     @torch.no_grad()
     def _local_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
