@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from lrft.backends.train._fsdp2_models import gather_full
+from lrft.backends.train._fsdp2_gather import gather_full
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 
 

@@ -76,7 +76,7 @@ def validate_batch(
                 f"unknown weight {name!r}: the engine has no parameter of that name "
                 f"({len(specs)} known, e.g. {sorted(specs)[:3]}); nothing was loaded"
             )
-        if tuple(tensor.shape) != spec.shape:
+        if tensor.shape != spec.shape:  # a torch.Size is a tuple
             raise WeightLoadError(
                 f"weight {name!r} has shape {tuple(tensor.shape)}, the engine stores "
                 f"{spec.shape}; nothing was loaded"
