@@ -13,56 +13,57 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
-import faulthandler
 import multiprocessing
 import os
 import pickle
 import shutil
 import signal
-import sys
 import tempfile
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from multiprocessing.connection import Connection, wait
 from multiprocessing.context import SpawnProcess
 from pathlib import Path
-from typing import IO, Any, ClassVar, Literal, ParamSpec, TypeVar
+from typing import Any, ClassVar, Literal, ParamSpec, TypeVar
 from unittest import mock
 
 import attrs
 import pytest
 import torch
-import torch.distributed as dist
 
-from lrft.dist.init import init_distributed
-from lrft.dist.rank import RankInfo
+from lrft.testing._rank_worker import (
+    MIN_STARTUP_S,
+    STACK_SIGNAL,
+    RankContext,
+    Status,
+    current_rank_context,
+    health_probe,
+    threads_per_rank,
+    worker_main,
+)
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "TIMEOUT_ENV",
+    "DeviceType",
+    "DistributedSuite",
+    "RankContext",
+    "RankFailure",
+    "RankPool",
+    "RankReport",
+    "current_rank_context",
+    "default_timeout_s",
+    "missing_devices",
+    "shared_pool",
+]
 
 P = ParamSpec("P")
 T = TypeVar("T")
 DeviceType = Literal["cpu", "cuda"]
-Status = Literal["ok", "raised", "skipped", "died", "hung"]
-Reply = tuple[Status, str, Any]  # (status, one-line summary, pickled result or text)
 
 TIMEOUT_ENV = "LRFT_TEST_TIMEOUT"
 DEFAULT_TIMEOUT_S = 180.0
-# Every rank imports torch while starting; on two busy cores that alone can outlast the short
-# timeouts of failure tests, so start-up always gets at least this long.
-_MIN_STARTUP_S = 180.0
-_STACK_SIGNAL = signal.SIGUSR1
-
-
-@attrs.frozen(kw_only=True)
-class RankContext:
-    """Where a rank-side function runs: its rank, the pool's size, its device, a shared folder."""
-
-    rank: int
-    world_size: int
-    device: torch.device  # cpu, or cuda:<rank> in a cuda pool
-    shared_dir: Path  # fresh per pool, kept across its calls: use per-test names inside it
 
 
 @attrs.frozen(kw_only=True)
@@ -106,102 +107,6 @@ def missing_devices(world_size: int, device_type: DeviceType) -> str | None:
     if found < world_size:
         return f"needs {world_size} CUDA devices but only {found} are visible"
     return None
-
-
-# ----------------------------------------------------------------------------- worker side
-
-_CONTEXT: RankContext | None = None
-_STACK_FILE: IO[str] | None = None  # held open: faulthandler writes to its descriptor
-
-
-def current_rank_context() -> RankContext:
-    """The ``RankContext`` of the worker this runs in; RuntimeError outside a pool's worker."""
-    if _CONTEXT is None:
-        raise RuntimeError("current_rank_context() called outside a RankPool worker process")
-    return _CONTEXT
-
-
-def _worker_main(context: RankContext, workdir: Path, timeout_s: float, conn: Connection) -> None:
-    """Start, report ready (or why not), then serve calls until the parent says stop or goes."""
-    try:
-        _start_worker(context, workdir, timeout_s)
-    except BaseException:
-        conn.send(("raised", "could not start", traceback.format_exc()))
-        return
-    conn.send(("ok", "", pickle.dumps(None)))
-    with contextlib.suppress(EOFError, OSError):  # EOF: the parent is gone
-        while payload := conn.recv_bytes():
-            conn.send(_execute(payload))
-    # Reached on a healthy group only: the parent kills a pool whose ranks hung or disagree.
-    dist.destroy_process_group()
-
-
-def _start_worker(context: RankContext, workdir: Path, timeout_s: float) -> None:
-    global _CONTEXT, _STACK_FILE
-    # Workers are not daemonic (a rank may start processes of its own: DataLoader workers,
-    # engines), so Linux is asked to kill them if the test process dies without closing the pool.
-    if sys.platform == "linux":
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
-    parent = multiprocessing.parent_process()
-    if parent is None or os.getppid() != parent.pid:
-        os._exit(1)  # the parent died before the line above took effect
-    # Ctrl-C reaches the whole process group; the parent handles it and closes the pool.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _STACK_FILE = (workdir / f"stack-rank{context.rank}.txt").open("w")
-    faulthandler.register(_STACK_SIGNAL, file=_STACK_FILE, all_threads=True)
-    torch.set_num_threads(_threads_per_rank(context.world_size))
-    _wait_for_peers(context, workdir, max(timeout_s, _MIN_STARTUP_S))
-    rank, size = context.rank, context.world_size
-    info = RankInfo(
-        rank=rank, local_rank=rank, world_size=size, local_world_size=size, device=context.device
-    )
-    rendezvous = (workdir / "rendezvous").as_uri()
-    init_distributed(info, timeout=timedelta(seconds=timeout_s), init_method=rendezvous)
-    _CONTEXT = context
-
-
-def _threads_per_rank(world_size: int) -> int:
-    return max(1, (os.cpu_count() or 1) // world_size)
-
-
-def _wait_for_peers(context: RankContext, workdir: Path, timeout_s: float) -> None:
-    # The file-store rendezvous gives up after the pool's timeout, which failure tests keep short,
-    # and ranks still importing torch would miss it: so first wait until every rank has arrived.
-    (workdir / f"arrived-rank{context.rank}").touch()
-    deadline = time.monotonic() + timeout_s
-    while len(list(workdir.glob("arrived-rank*"))) < context.world_size:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not every rank arrived within {timeout_s:g} s")
-        time.sleep(0.05)
-
-
-def _execute(payload: bytes) -> Reply:
-    try:
-        fn, args, kwargs = pickle.loads(payload)
-    except BaseException as error:
-        hint = "is the module that defines it importable by name from sys.path?"
-        return (
-            "raised",
-            f"could not unpickle the call ({error!r}); {hint}",
-            traceback.format_exc(),
-        )
-    try:
-        result = fn(*args, **kwargs)
-    except pytest.skip.Exception as skip:
-        return ("skipped", str(skip), "")
-    except BaseException as error:
-        return ("raised", f"{type(error).__name__}: {error}", traceback.format_exc())
-    try:
-        return ("ok", "", pickle.dumps(result))
-    except BaseException as error:
-        summary = f"its {type(result).__name__} result could not be pickled: {error!r}"
-        return ("raised", summary, traceback.format_exc())
-
-
-def _health_probe() -> float:
-    ones = torch.ones(1, device=current_rank_context().device)
-    dist.all_reduce(ones)
-    return float(ones.item())
 
 
 # ----------------------------------------------------------------------------- parent side
@@ -249,7 +154,7 @@ class RankPool:
         processes, conns = [], []
         # A worker imports torch while unpickling its target, before any of its code runs, so
         # OpenMP's thread count must already be in the environment it inherits.
-        threads = str(_threads_per_rank(self.world_size))
+        threads = str(threads_per_rank(self.world_size))
         with mock.patch.dict(os.environ, OMP_NUM_THREADS=threads):
             for rank in range(self.world_size):
                 device = torch.device(f"cuda:{rank}" if self.device_type == "cuda" else "cpu")
@@ -258,7 +163,7 @@ class RankPool:
                 )
                 parent_end, child_end = spawn.Pipe()
                 args = (context, self._workdir, self.timeout_s, child_end)
-                process = spawn.Process(target=_worker_main, args=args, name=f"lrft-rank{rank}")
+                process = spawn.Process(target=worker_main, args=args, name=f"lrft-rank{rank}")
                 process.start()
                 child_end.close()
                 processes.append(process)
@@ -299,7 +204,7 @@ class RankPool:
 
     def _await_start(self) -> None:
         if not self._started:
-            reports, _ = self._collect(max(self.timeout_s, _MIN_STARTUP_S))
+            reports, _ = self._collect(max(self.timeout_s, MIN_STARTUP_S))
             if any(report.status != "ok" for report in reports):
                 self._kill()
                 raise RankFailure(_message(reports, "starting the pool"), reports)
@@ -359,7 +264,7 @@ class RankPool:
         for rank in ranks:
             pid = self._processes[rank].pid
             if pid is not None and self._processes[rank].is_alive():
-                os.kill(pid, _STACK_SIGNAL)
+                os.kill(pid, STACK_SIGNAL)
         last, deadline = dict(offsets), time.monotonic() + 5.0
         while ranks and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -388,7 +293,7 @@ class RankPool:
     def _healthy(self) -> bool:
         # After a rank raised, a peer may have left a collective unmatched: one all_reduce with a
         # short deadline tells a pool that can go on from one that must be replaced.
-        self._send(pickle.dumps((_health_probe, (), {})))
+        self._send(pickle.dumps((health_probe, (), {})))
         reports, results = self._collect(max(self.grace_s, 10.0))
         return all(
             report.status == "ok" and pickle.loads(results[report.rank]) == self.world_size
