@@ -41,17 +41,41 @@ def _row_sharded(param: torch.Tensor) -> bool:
 
 class Entry(NamedTuple):
     """A parameter and the facts about its layout that a gather needs, read once (each read
-    goes through DTensor's Python properties)."""
+    goes through DTensor's Python properties) and kept for the model's life: FSDP2 keeps its
+    shapes while moves and checkpoint loads replace the shards' data."""
 
     name: str
     param: torch.Tensor
     mesh_ranks: int  # 0: not row-sharded (gathered by DTensor itself)
     floating: bool
+    rows: int = 0  # rows each rank sends, padding included (row-sharded only)
+    width: int = 0  # elements each rank sends, padding included
+    full: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # the full tensor's shape, strides
+    shard: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # this rank's shard's
 
 
 def entry_of(name: str, param: torch.Tensor) -> Entry:
-    ranks = cast(DTensor, param).device_mesh.size() if _row_sharded(param) else 0
-    return Entry(name, param, ranks, param.dtype.is_floating_point)
+    floating = param.dtype.is_floating_point
+    if not _row_sharded(param):
+        return Entry(name, param, 0, floating)
+    sharded = cast(DTensor, param)
+    ranks = sharded.device_mesh.size()
+    rows = -(-param.shape[0] // ranks)
+    local = sharded._local_tensor
+    return Entry(
+        name,
+        param,
+        ranks,
+        floating,
+        rows=rows,
+        width=rows * math.prod(param.shape[1:]),
+        full=(tuple(param.shape), _contiguous(param.shape)),
+        shard=(tuple(local.shape), _contiguous(local.shape)),
+    )
+
+
+def _contiguous(shape: torch.Size) -> tuple[int, ...]:
+    return tuple(torch.empty(shape, device="meta").stride())
 
 
 def gathered_dtype(entry: Entry, gather_dtype: torch.dtype | None) -> torch.dtype:
@@ -85,9 +109,7 @@ class _RowsInFlight(NamedTuple):
     world: int
     received: torch.Tensor  # every rank's send buffer, in rank order
     send: torch.Tensor  # referenced until the collective has completed
-    params: list[torch.Tensor]
-    rows: list[int]  # rows each rank sends per parameter, padding included
-    widths: list[int]  # elements each rank sends per parameter, padding included
+    entries: list[Entry]
 
     def wait(self) -> None:
         if self.work is not None:
@@ -99,47 +121,49 @@ class _RowsInFlight(NamedTuple):
         self.wait()
         world = self.world
         out = torch.empty_like(self.received)
-        blocks = [
-            block.view(world, width)
-            for block, width in zip(
-                out.split_with_sizes([world * w for w in self.widths]), self.widths, strict=True
-            )
-        ]
-        # FSDP2's own copy-out op: one kernel for the whole bucket on CUDA, where a reshape per
-        # parameter costs a kernel launch and Python work each.
-        torch.split_with_sizes_copy(self.received.view(world, -1), self.widths, dim=1, out=blocks)
-        return [
-            block.view(world * r, *param.shape[1:])[: param.shape[0]]
-            for block, r, param in zip(blocks, self.rows, self.params, strict=True)
-        ]
+        # Each parameter's full tensor (padded) lies at its own offset of ``out``; its blocks
+        # and the tensor handed out are both views made directly from the recorded layout, one
+        # call each: views derived step by step cost host time per parameter that, on W1's 290
+        # tensors, exceeds the collective.
+        blocks: list[torch.Tensor] = []
+        full: list[torch.Tensor] = []
+        offset = 0
+        for entry in self.entries:
+            blocks.append(out.as_strided((world, entry.width), (entry.width, 1), offset))
+            full.append(out.as_strided(*entry.full, offset))
+            offset += world * entry.width
+        # FSDP2's own copy-out op: one kernel for the whole bucket on CUDA.
+        widths = [entry.width for entry in self.entries]
+        torch.split_with_sizes_copy(self.received.view(world, -1), widths, dim=1, out=blocks)
+        return full
 
 
 @torch.no_grad()
-def _start_rows(
-    params: list[torch.Tensor], device: torch.device, dtype: torch.dtype
-) -> _RowsInFlight:
-    """Issues one all-gather of every row-sharded parameter in ``params`` (one mesh of several
+def _start_rows(entries: list[Entry], device: torch.device, dtype: torch.dtype) -> _RowsInFlight:
+    """Issues one all-gather of every row-sharded parameter of ``entries`` (one mesh of several
     ranks), in ``dtype``: each rank's shard is cast into a flat buffer, padded to
     ``ceil(rows / world)`` rows."""
-    first = params[0]
+    first = entries[0].param
     assert isinstance(first, DTensor)
     mesh = first.device_mesh
     world = mesh.size()
-    # _local_tensor: to_local() re-wraps each shard as a Parameter view, per parameter per sync
-    shards = [p._local_tensor if isinstance(p, DTensor) else p for p in params]
-    rows = [-(-p.shape[0] // world) for p in params]
-    widths = [r * math.prod(p.shape[1:]) for r, p in zip(rows, params, strict=True)]
     # Left uninitialised: shards are split torch.chunk style, so in the gathered tensor every
-    # real row comes before every padding row, and the copy-out cuts the padding off with
-    # [:rows] without reading it.
-    send = torch.empty(sum(widths), dtype=dtype, device=device)
-    # One fused copy (and cast) of every shard into its slot; one split cuts every slot and its
-    # padding apart, cheaper than slicing each slot.
-    sizes = [n for s, w in zip(shards, widths, strict=True) for n in (s.numel(), w - s.numel())]
-    torch._foreach_copy_(list(send.split_with_sizes(sizes)[::2]), [s.reshape(-1) for s in shards])
+    # real row comes before every padding row, and the full tensors handed out end before the
+    # padding.
+    send = torch.empty(sum(entry.width for entry in entries), dtype=dtype, device=device)
+    slots: list[torch.Tensor] = []
+    offset = 0
+    for entry in entries:
+        slots.append(send.as_strided(*entry.shard, offset))
+        offset += entry.width
+    # _local_tensor: to_local() re-wraps each shard as a Parameter view, per parameter per sync;
+    # read on every sync, since moves replace the shards
+    shards = [cast(DTensor, entry.param)._local_tensor for entry in entries]
+    # one fused copy (and cast) of every shard into its slot
+    torch._foreach_copy_(slots, shards)
     received = torch.empty(world * send.numel(), dtype=dtype, device=device)
     work = all_gather_into(received, send, group=mesh.get_group(), async_op=True)
-    return _RowsInFlight(work, world, received, send, params, rows, widths)
+    return _RowsInFlight(work, world, received, send, entries)
 
 
 class _BucketInFlight(NamedTuple):
@@ -188,7 +212,7 @@ def start_gather(
         else:
             ready[index] = _full_tensor(entry.param, device)
     gathers = [
-        (indices, _start_rows([entries[i].param for i in indices], device, dtype))
+        (indices, _start_rows([entries[i] for i in indices], device, dtype))
         for (_, dtype), indices in batches.items()
     ]
     return _BucketInFlight([entry.name for entry in entries], ready, gathers)

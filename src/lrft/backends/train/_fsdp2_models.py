@@ -133,7 +133,7 @@ class FSDP2FrozenModel(OffloadableModel):
         bucket: list[tuple[str, torch.Tensor]] = []
         size = 0
         device = self._device
-        for name, param, _, _ in self._entries:
+        for name, param, *_ in self._entries:
             local = param._local_tensor if isinstance(param, DTensor) else param
             if local.device != device:
                 local = local.to(device)
