@@ -10,8 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lrft.api.digest import DigestBuffer, DigestPlan, PendingDigests, tensor_digests
-from tests.unit.test_api_digest import ROW_BYTES, cases, reference_digest
+from lrft.api.digest import DigestPlan, tensor_digests
+from tests.unit.test_api_digest import (
+    ROW_BYTES,
+    cases,
+    digests_of_a_dirty_buffer,
+    reference_digest,
+)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -46,15 +51,7 @@ def test_a_plan_split_into_groups_on_cuda_equals_the_definition(
 def test_a_digest_buffer_on_cuda_ignores_the_bytes_between_its_views(
     expected: dict[str, str],
 ) -> None:
-    tensors = cases()
-    buffer = DigestBuffer([(tuple(t.shape), t.dtype) for t in tensors.values()], DEVICE)
-    whole = buffer.views[0].reshape(-1).view(torch.uint8).as_strided((buffer.nbytes,), (1,), 0)
-    whole.fill_(0xAB)
-    for view, tensor in zip(buffer.views, tensors.values(), strict=True):
-        view.copy_(tensor)
-    pending = PendingDigests()
-    pending.add_buffer(list(tensors), buffer)
-    assert pending.resolve() == expected
+    assert digests_of_a_dirty_buffer(DEVICE) == expected
 
 
 def test_a_large_bf16_tensor_digests_as_on_the_host() -> None:

@@ -145,18 +145,23 @@ def test_a_digest_buffer_digests_what_its_views_hold(expected: dict[str, str]) -
     }
 
 
-def test_a_digest_buffer_ignores_the_bytes_between_its_views(expected: dict[str, str]) -> None:
-    # The buffer is never zeroed: whatever lies past each tensor's last byte (here 0xAB in every
-    # byte, before the views are written) must not reach the sums.
+def digests_of_a_dirty_buffer(device: torch.device | str) -> dict[str, str]:
+    """The digests of :func:`cases` written into a :class:`DigestBuffer` on ``device`` whose
+    every byte held 0xAB before: the buffer is never zeroed, so whatever lies past each
+    tensor's last byte must not reach the sums."""
     tensors = cases()
-    buffer = DigestBuffer([(tuple(t.shape), t.dtype) for t in tensors.values()], "cpu")
+    buffer = DigestBuffer([(tuple(t.shape), t.dtype) for t in tensors.values()], device)
     whole = buffer.views[0].reshape(-1).view(torch.uint8).as_strided((buffer.nbytes,), (1,), 0)
     whole.fill_(0xAB)
     for view, tensor in zip(buffer.views, tensors.values(), strict=True):
         view.copy_(tensor)
     pending = PendingDigests()
     pending.add_buffer(list(tensors), buffer)
-    assert pending.resolve() == expected
+    return pending.resolve()
+
+
+def test_a_digest_buffer_ignores_the_bytes_between_its_views(expected: dict[str, str]) -> None:
+    assert digests_of_a_dirty_buffer("cpu") == expected
 
 
 def test_a_digest_buffer_rejects_a_wrong_number_of_names() -> None:

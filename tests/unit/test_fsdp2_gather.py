@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Generator
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import pytest
 import torch
@@ -13,6 +13,9 @@ from torch.distributed.tensor import DTensor
 
 from lrft.backends.train._fsdp2_gather import gather_full
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
+
+if TYPE_CHECKING:
+    from lrft.backends.train._fsdp2_models import FSDP2FrozenModel
 
 
 class _Uneven(torch.nn.Module):
@@ -24,17 +27,24 @@ class _Uneven(torch.nn.Module):
         self.low = torch.nn.Parameter(torch.randn(3, 4).to(torch.bfloat16))  # another dtype
 
 
-def _gathered_equal_unsharded(bucket_bytes: int) -> tuple[bool, int, list[str]]:
+def _sharded_uneven(seed: int) -> tuple[dict[str, torch.Tensor], FSDP2FrozenModel]:
+    """A seeded ``_Uneven`` model's unsharded tensors, and the model sharded for inference over
+    the pool's ranks."""
     from lrft.backends.train.fsdp2 import FSDP2Backend
 
     current_rank_context()
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         model = _Uneven()
     expected = {name: p.detach().clone() for name, p in model.named_parameters()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no decoder layers: one FSDP2 unit, as intended here
         frozen = FSDP2Backend().prepare_frozen(model)
+    return expected, frozen
+
+
+def _gathered_equal_unsharded(bucket_bytes: int) -> tuple[bool, int, list[str]]:
+    expected, frozen = _sharded_uneven(0)
     names: list[str] = []
     equal = True
     buckets = 0
@@ -72,16 +82,7 @@ class TestGatherWorld2(DistributedSuite):
 
 def _gathered_in(gather_dtype: torch.dtype) -> dict[str, tuple[torch.dtype, bool]]:
     """Each full tensor's dtype, and whether it equals the unsharded tensor cast to it."""
-    from lrft.backends.train.fsdp2 import FSDP2Backend
-
-    current_rank_context()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = _Uneven()
-    expected = {name: p.detach().clone() for name, p in model.named_parameters()}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        frozen = FSDP2Backend().prepare_frozen(model)
+    expected, frozen = _sharded_uneven(0)
     return {
         name: (tensor.dtype, torch.equal(tensor, expected[name].to(tensor.dtype)))
         for bucket in frozen.full_weights(1 << 20, gather_dtype=gather_dtype)
@@ -108,15 +109,7 @@ class _BucketFacts(NamedTuple):
 def _bf16_buckets_match_full_tensor(bucket_bytes: int) -> _BucketFacts:
     """Each tensor, checked as it is handed out (while the next bucket's all-gather is in
     flight), against DTensor's own ``full_tensor()`` of the sharded parameter, cast to bf16."""
-    from lrft.backends.train.fsdp2 import FSDP2Backend
-
-    current_rank_context()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
-        model = _Uneven()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        frozen = FSDP2Backend().prepare_frozen(model)
+    _, frozen = _sharded_uneven(1)
     named = list(frozen.module.named_parameters())
     reference = {
         name: (p.full_tensor() if isinstance(p, DTensor) else p).detach().to(torch.bfloat16)
@@ -139,16 +132,7 @@ def _bf16_buckets_match_full_tensor(bucket_bytes: int) -> _BucketFacts:
 def _closed_early_then_gathered_again() -> list[str]:
     """Every rank stops after the first bucket, with the second one's all-gather issued; the
     next full pass must still pair every rank's collectives. Returns the mismatched names."""
-    from lrft.backends.train.fsdp2 import FSDP2Backend
-
-    current_rank_context()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(2)
-        model = _Uneven()
-    expected = {name: p.detach().clone() for name, p in model.named_parameters()}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        frozen = FSDP2Backend().prepare_frozen(model)
+    expected, frozen = _sharded_uneven(2)
     stream = frozen.full_weights(64, gather_dtype=torch.bfloat16)
     assert isinstance(stream, Generator)
     next(stream)
