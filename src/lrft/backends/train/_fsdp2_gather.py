@@ -48,6 +48,8 @@ class Entry(NamedTuple):
     param: torch.Tensor
     mesh_ranks: int  # 0: not row-sharded (gathered by DTensor itself)
     floating: bool
+    numel: int  # of the full tensor
+    mesh: int = 0  # id() of the device mesh (row-sharded only)
     rows: int = 0  # rows each rank sends, padding included (row-sharded only)
     width: int = 0  # elements each rank sends, padding included
     full: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # the full tensor's shape, strides
@@ -57,7 +59,7 @@ class Entry(NamedTuple):
 def entry_of(name: str, param: torch.Tensor) -> Entry:
     floating = param.dtype.is_floating_point
     if not _row_sharded(param):
-        return Entry(name, param, 0, floating)
+        return Entry(name, param, 0, floating, param.numel())
     sharded = cast(DTensor, param)
     ranks = sharded.device_mesh.size()
     rows = -(-param.shape[0] // ranks)
@@ -67,6 +69,8 @@ def entry_of(name: str, param: torch.Tensor) -> Entry:
         param,
         ranks,
         floating,
+        param.numel(),
+        mesh=id(sharded.device_mesh),
         rows=rows,
         width=rows * math.prod(param.shape[1:]),
         full=(tuple(param.shape), _contiguous(param.shape)),
@@ -203,8 +207,7 @@ def start_gather(
     batches: dict[tuple[int, torch.dtype], list[int]] = {}
     for index, entry in enumerate(entries):
         if entry.mesh_ranks > 1:
-            mesh = cast(DTensor, entry.param).device_mesh
-            batches.setdefault((id(mesh), gathered_dtype(entry, gather_dtype)), []).append(index)
+            batches.setdefault((entry.mesh, gathered_dtype(entry, gather_dtype)), []).append(index)
         elif entry.mesh_ranks == 1:
             # a 1-rank mesh: the shard is the whole tensor
             shard = cast(DTensor, entry.param)._local_tensor

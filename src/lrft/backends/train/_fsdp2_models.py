@@ -114,7 +114,7 @@ class FSDP2FrozenModel(OffloadableModel):
         bucket: list[Entry] = []
         size = 0
         for entry in self._entries:
-            nbytes = entry.param.numel() * gathered_dtype(entry, gather_dtype).itemsize
+            nbytes = entry.numel * gathered_dtype(entry, gather_dtype).itemsize
             if bucket and size + nbytes > bucket_bytes:
                 yield bucket
                 bucket, size = [], 0
