@@ -171,6 +171,20 @@ def _weights_before_and_after_a_step(
     return before, weights()
 
 
+def _assert_trains_as_the_default(pool: RankPool, root: Path, flags: list[str]) -> None:
+    """One iteration with ``flags`` moves the actor and the critic as the default does, up to
+    fp32 summation order."""
+    untrained, default = pool.run(_weights_before_and_after_a_step, root, [])[0]
+    _, changed = pool.run(_weights_before_and_after_a_step, root, flags)[0]
+    assert changed.keys() == default.keys()
+    moved = {
+        name.split("/")[0] for name in default if not torch.equal(default[name], untrained[name])
+    }
+    assert moved == {"actor", "critic"}
+    for name, weight in default.items():
+        torch.testing.assert_close(changed[name], weight, rtol=1e-5, atol=1e-6, msg=name)
+
+
 class TestTrainerRanks(DistributedSuite):
     world_size = 2
 
@@ -198,38 +212,17 @@ class TestTrainerRanks(DistributedSuite):
     def test_fsdp2_speed_settings_train_the_same(self, pool: RankPool, tmp_path: Path) -> None:
         """Gathered layers kept to backward and gradients reduced once per optimizer step give
         the iteration the default gives, up to fp32 summation order."""
-        root = pool.shared_dir / tmp_path.name
-        untrained, default = pool.run(_weights_before_and_after_a_step, root, [])[0]
-        _, faster = pool.run(
-            _weights_before_and_after_a_step,
-            root,
+        _assert_trains_as_the_default(
+            pool,
+            pool.shared_dir / tmp_path.name,
             ["--no-fsdp_reshard_after_forward", "--fsdp_defer_gradient_sync"],
-        )[0]
-        assert faster.keys() == default.keys()
-        moved = {
-            name.split("/")[0]
-            for name in default
-            if not torch.equal(default[name], untrained[name])
-        }
-        assert moved == {"actor", "critic"}
-        for name, weight in default.items():
-            torch.testing.assert_close(faster[name], weight, rtol=1e-5, atol=1e-6, msg=name)
+        )
 
     def test_token_budget_trains_policy_and_critic_the_same(
         self, pool: RankPool, tmp_path: Path
     ) -> None:
         """Packing each step's samples by tokens (policy and critic) gives the iteration the
         fixed micro-batches give, up to fp32 summation order."""
-        root = pool.shared_dir / tmp_path.name
-        untrained, default = pool.run(_weights_before_and_after_a_step, root, [])[0]
-        _, packed = pool.run(
-            _weights_before_and_after_a_step, root, ["--max_tokens_per_micro_batch=24"]
-        )[0]
-        moved = {
-            name.split("/")[0]
-            for name in default
-            if not torch.equal(default[name], untrained[name])
-        }
-        assert moved == {"actor", "critic"}
-        for name, weight in default.items():
-            torch.testing.assert_close(packed[name], weight, rtol=1e-5, atol=1e-6, msg=name)
+        _assert_trains_as_the_default(
+            pool, pool.shared_dir / tmp_path.name, ["--max_tokens_per_micro_batch=24"]
+        )

@@ -8,6 +8,8 @@ checks that the deferred step equals one batch)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 import torch
 from torch.distributed.tensor import DTensor
@@ -16,17 +18,35 @@ from lrft.api.optim import OptimizerConfig
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.testing.models import random_token_batch, tiny_causal_lm
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def _layer_weights_after_forward_and_step(reshard: bool) -> tuple[bool, dict[str, torch.Tensor]]:
-    from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
+    from lrft.backends.train._fsdp2_models import FSDP2TrainableModel
+    from lrft.backends.train.fsdp2 import FSDP2Config
+
+
+def _prepared_tiny(
+    config: FSDP2Config,
+) -> tuple[PreTrainedModel, FSDP2TrainableModel, torch.Tensor]:
+    """A tiny causal LM prepared by FSDP2 with ``config``, and a loss of one forward on this
+    rank's tokens."""
+    from lrft.backends.train.fsdp2 import FSDP2Backend
 
     context = current_rank_context()
-    backend = FSDP2Backend(FSDP2Config(mixed_precision=False, reshard_after_forward=reshard))
     model = tiny_causal_lm(seed=3)
     model.train()
-    trainable = backend.prepare_trainable(model, optimizer=OptimizerConfig(lr=1e-2))
+    trainable = FSDP2Backend(config).prepare_trainable(model, optimizer=OptimizerConfig(lr=1e-2))
     tokens = random_token_batch(seed=context.rank, batch=2, length=12)
     loss = trainable.module(input_ids=tokens).logits.float().square().mean()
+    return model, trainable, loss
+
+
+def _layer_weights_after_forward_and_step(reshard: bool) -> tuple[bool, dict[str, torch.Tensor]]:
+    from lrft.backends.train.fsdp2 import FSDP2Config
+
+    model, trainable, loss = _prepared_tiny(
+        FSDP2Config(mixed_precision=False, reshard_after_forward=reshard)
+    )
     q_proj = model.model.layers[0].self_attn.q_proj.weight
     gathered_between = not isinstance(q_proj, DTensor)
     trainable.backward(loss)
@@ -61,15 +81,11 @@ class TestReshardAfterForwardWorld2(DistributedSuite):
 def _after_a_deferred_backward(defer: bool) -> tuple[bool, str]:
     """Whether layer 0's weight is still gathered after ``backward(sync_gradients=False)``, and
     what ``step`` then says."""
-    from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
+    from lrft.backends.train.fsdp2 import FSDP2Config
 
-    context = current_rank_context()
-    backend = FSDP2Backend(FSDP2Config(mixed_precision=False, defer_gradient_sync=defer))
-    model = tiny_causal_lm(seed=3)
-    model.train()
-    trainable = backend.prepare_trainable(model, optimizer=OptimizerConfig(lr=1e-2))
-    tokens = random_token_batch(seed=context.rank, batch=2, length=12)
-    loss = trainable.module(input_ids=tokens).logits.float().square().mean()
+    model, trainable, loss = _prepared_tiny(
+        FSDP2Config(mixed_precision=False, defer_gradient_sync=defer)
+    )
     trainable.backward(loss, sync_gradients=False)
     gathered = not isinstance(model.model.layers[0].self_attn.q_proj.weight, DTensor)
     try:

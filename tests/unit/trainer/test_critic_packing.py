@@ -8,12 +8,12 @@ import torch
 from torch import Tensor
 from transformers import Qwen2ForTokenClassification
 
-from lrft.api.types import GenerationResult
 from lrft.testing.models import tiny_qwen2_config
 from lrft.trainer.critic import CriticUpdate
-from lrft.trainer.experience import ExperienceBatch, pack
+from lrft.trainer.experience import ExperienceBatch
 from lrft.trainer.replay import ReplayBuffer
 from tests.unit.trainer.recorders import GradientRecorder
+from tests.unit.trainer.samples import random_responses
 
 CPU = torch.device("cpu")
 
@@ -30,20 +30,7 @@ def _experience(rows: int, seed: int) -> ExperienceBatch:
     """Responses of 1 to 9 tokens after prompts of 1 to 4; values and returns far enough apart
     that the value clip is active on some tokens."""
     generator = torch.Generator().manual_seed(seed)
-    results = []
-    for row in range(rows):
-        prompt = torch.randint(3, 256, (int(torch.randint(1, 5, (), generator=generator)),))
-        output = torch.randint(3, 256, (int(torch.randint(1, 10, (), generator=generator)),))
-        results.append(
-            GenerationResult(
-                request_id=str(row),
-                sample_index=0,
-                prompt_token_ids=prompt.tolist(),
-                output_token_ids=output.tolist(),
-                finish_reason="length",
-            )
-        )
-    sequences = pack(results)
+    sequences = random_responses(rows, generator)
     mask = sequences.action_mask
     return ExperienceBatch(
         sequences=sequences,

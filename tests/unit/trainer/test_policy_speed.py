@@ -12,16 +12,16 @@ from torch import Tensor
 from lrft.algo import PolicyLossConfig, aggregate_loss, aggregation_divisor
 from lrft.algo.types import AggregationMode
 from lrft.api.errors import ConfigError
-from lrft.api.types import GenerationResult
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.testing.models import tiny_causal_lm
 from lrft.trainer.config import TrainConfig
-from lrft.trainer.experience import ExperienceBatch, pack
+from lrft.trainer.experience import ExperienceBatch
 from lrft.trainer.logprobs import plain_response_logprobs
 from lrft.trainer.micro_batches import pack_by_tokens, plan_step
 from lrft.trainer.policy import PolicyUpdate, needs_old_logprob_pass
 from lrft.trainer.replay import ReplayBuffer
 from tests.unit.trainer.recorders import GradientRecorder
+from tests.unit.trainer.samples import random_responses
 
 CPU = torch.device("cpu")
 TEMPERATURE = 0.9
@@ -31,22 +31,7 @@ def _experience(rows: int, seed: int, *, on_policy: bool = False) -> ExperienceB
     """Responses of 1 to 9 tokens after prompts of 1 to 4, random advantages, old and reference
     logprobs near the model's (so the clip is active on some tokens)."""
     generator = torch.Generator().manual_seed(seed)
-    results = []
-    for row in range(rows):
-        prompt_length = int(torch.randint(1, 5, (), generator=generator))
-        output_length = int(torch.randint(1, 10, (), generator=generator))
-        prompt = torch.randint(3, 256, (prompt_length,), generator=generator)
-        output = torch.randint(3, 256, (output_length,), generator=generator)
-        results.append(
-            GenerationResult(
-                request_id=str(row),
-                sample_index=0,
-                prompt_token_ids=prompt.tolist(),
-                output_token_ids=output.tolist(),
-                finish_reason="length",
-            )
-        )
-    sequences = pack(results)
+    sequences = random_responses(rows, generator)
     mask = sequences.action_mask
     with torch.no_grad():
         current = plain_response_logprobs(
