@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lrft.api.digest import DigestPlan, tensor_digests
+from lrft.api.digest import DigestPlan, copy_with_digest, tensor_digests
 from tests.unit.test_api_digest import (
     ROW_BYTES,
     cases,
+    copy_with_digest_mismatches,
     digests_of_a_dirty_buffer,
     reference_digest,
 )
@@ -60,3 +61,25 @@ def test_a_large_bf16_tensor_digests_as_on_the_host() -> None:
     tensor = torch.randn(4099, 1531, generator=generator).to(torch.bfloat16)
     host = tensor_digests({"w": tensor})
     assert tensor_digests({"w": tensor.to(DEVICE)}) == host
+
+
+def test_copy_with_digest_on_cuda_writes_the_cast_and_adds_its_sums() -> None:
+    # The contiguous floating-point pairs go through the fused kernel: the values it writes
+    # must be torch's casts (round to nearest even) and its sums those of the definition.
+    assert copy_with_digest_mismatches(DEVICE) == []
+
+
+def test_copy_with_digest_on_cuda_many_tensors_and_rows() -> None:
+    # More tensors than one search step covers, and several thousand rows, in one launch.
+    generator = torch.Generator().manual_seed(3)
+    sources = [torch.randn(int(n), generator=generator) for n in torch.randint(1, 40_000, (300,))]
+    sources.append(torch.randn(3000, 1537, generator=generator))
+    targets = [torch.empty(s.shape, dtype=torch.bfloat16, device=DEVICE) for s in sources]
+    out = torch.zeros((len(sources), 2), dtype=torch.int64, device=DEVICE)
+    copy_with_digest([s.to(DEVICE) for s in sources], targets, list(range(len(sources))), out)
+    casts = {str(i): s.to(torch.bfloat16) for i, s in enumerate(sources)}
+    written = {str(i): t.cpu() for i, t in enumerate(targets)}
+    assert all(torch.equal(written[k], casts[k]) for k in casts)
+    sums = out.cpu().tolist()
+    got = {k: reference_digest(casts[k], (sums[int(k)][0], sums[int(k)][1])) for k in casts}
+    assert got == tensor_digests(casts)

@@ -1,5 +1,5 @@
-"""The conformance suites on NCCL/CUDA at world 2 (the hf engine at world 1 too): the same tests
-as tests/conformance, on GPUs.
+"""The conformance suites on NCCL/CUDA at world 2 (the hf engine and the direct sync at world 1
+too): the same tests as tests/conformance, on GPUs.
 
 Skipped with a reason where too few CUDA devices are visible (CI has none).
 """
@@ -26,6 +26,14 @@ class TestHFEngineCudaWorld1(HFEngineSuite):
 
 class TestHFEngineCudaWorld2(HFEngineSuite):
     world_size = 2
+    device_type = "cuda"
+
+
+class TestDirectSyncCudaWorld1(DirectSyncSuite):
+    """One rank: the sync writes each bucket straight into the engine's storage through the
+    fused cast-and-fingerprint kernel."""
+
+    world_size = 1
     device_type = "cuda"
 
 

@@ -12,6 +12,7 @@ from lrft.api.digest import (
     ROW_WORDS,
     DigestBuffer,
     PendingDigests,
+    copy_with_digest,
     digest_sums_many,
     tensor_digests,
 )
@@ -162,6 +163,57 @@ def digests_of_a_dirty_buffer(device: torch.device | str) -> dict[str, str]:
 
 def test_a_digest_buffer_ignores_the_bytes_between_its_views(expected: dict[str, str]) -> None:
     assert digests_of_a_dirty_buffer("cpu") == expected
+
+
+def copy_with_digest_mismatches(device: torch.device | str) -> list[str]:
+    """Copies sources of several dtype pairs and layouts into targets on ``device`` with
+    :func:`copy_with_digest`, into an ``out`` that already holds sums; returns every target
+    that is not the torch cast of its source and every ``out`` row that is not its old value
+    plus the definition's sums of that cast (Python integers). Empty when all is right."""
+    generator = torch.Generator().manual_seed(11)
+    matrix = torch.randn(300, 70, generator=generator)
+    pairs = [
+        (torch.randn(3, generator=generator), torch.bfloat16),
+        (torch.randn(2 * 2 * ROW_WORDS + 3, generator=generator), torch.bfloat16),
+        (torch.empty(0, 4), torch.bfloat16),
+        (torch.randn(17, 1001, generator=generator), torch.bfloat16),
+        (torch.tensor(2.5), torch.bfloat16),
+        (torch.randn(5, 7, generator=generator).to(torch.bfloat16), torch.bfloat16),
+        (torch.randn(ROW_WORDS + 1, generator=generator), torch.float32),
+        (torch.randn(999, generator=generator).to(torch.float16), torch.float32),
+        (matrix.t(), torch.bfloat16),  # not contiguous
+        (torch.randint(-(2**62), 2**62, (77,), generator=generator), torch.int64),
+    ]
+    sources = [source.to(device) for source, _ in pairs]
+    targets = [torch.full(s.shape, 3, dtype=dtype, device=device) for s, dtype in pairs]
+    positions = [7, 0, 3, 9, 1, 10, 2, 5, 4, 8]  # row 6 is nobody's
+    start = torch.randint(-(2**62), 2**62, (11, 2), generator=generator)
+    out = start.to(device, copy=True)
+    copy_with_digest(sources, targets, positions, out)
+    got = out.cpu().tolist()
+    wrong = []
+    for i, ((source, dtype), target) in enumerate(zip(pairs, targets, strict=True)):
+        cast = source.to(dtype)
+        if not torch.equal(target.cpu(), cast):
+            wrong.append(f"target {i} is not the cast of its source")
+        plain, weighted = reference_sums(cast)
+        before = start[positions[i]].tolist()
+        want = [(before[0] + plain) % 2**64, (before[1] + weighted) % 2**64]
+        if [v % 2**64 for v in got[positions[i]]] != want:
+            wrong.append(f"out row {positions[i]} (tensor {i}) is not its old value plus the sums")
+    if got[6] != start[6].tolist():
+        wrong.append("out row 6, which no tensor names, changed")
+    return wrong
+
+
+def test_copy_with_digest_writes_the_cast_and_adds_its_sums() -> None:
+    assert copy_with_digest_mismatches("cpu") == []
+
+
+def test_copy_with_digest_refuses_a_shape_mismatch_naming_it() -> None:
+    out = torch.zeros((1, 2), dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"source 0 has shape \(3,\), its target \(4,\)"):
+        copy_with_digest([torch.zeros(3)], [torch.zeros(4)], [0], out)
 
 
 def test_a_digest_buffer_rejects_a_wrong_number_of_names() -> None:

@@ -20,6 +20,7 @@ from lrft.api.errors import (
 from lrft.api.optim import OptimizerConfig, SchedulerConfig
 from lrft.api.protocols import (
     FrozenModel,
+    InPlaceWeightLoader,
     NamedTensors,
     RolloutEngine,
     TrainableModel,
@@ -56,6 +57,7 @@ __all__ = [
     "FrozenModel",
     "GenerationRequest",
     "GenerationResult",
+    "InPlaceWeightLoader",
     "Location",
     "LrftError",
     "ModelPart",

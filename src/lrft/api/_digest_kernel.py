@@ -40,3 +40,105 @@ def row_sums(words: torch.Tensor, valid: torch.Tensor, offset: torch.Tensor) -> 
             words, valid, offset, out, WORDS=words.shape[1], num_warps=8
         )
     return out
+
+
+@triton.jit  # type: ignore[untyped-decorator, unused-ignore]  # Triton is untyped
+def _copy_sums_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel's arguments are pointers and constexprs
+    table,
+    out,
+    WORDS: tl.constexpr,
+    PER_WORD: tl.constexpr,
+    SOURCE: tl.constexpr,
+    TARGET: tl.constexpr,
+    BITS: tl.constexpr,
+    SEARCH: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    # The entry this row belongs to: the last one whose first row is at most `row`. A binary
+    # search over the table costs a few cached loads; a per-row table would cost kernels and
+    # host time per bucket.
+    lower = tl.zeros([], tl.int64)
+    upper = tl.full([], 1 << SEARCH, tl.int64)
+    for _ in tl.static_range(SEARCH):
+        middle = (lower + upper) // 2
+        right = tl.load(table + 5 * middle) <= row
+        lower = tl.where(right, middle, lower)
+        upper = tl.where(right, upper, middle)
+    entry = table + 5 * lower
+    within = row - tl.load(entry)
+    source = tl.load(entry + 1).to(tl.pointer_type(SOURCE))
+    target = tl.load(entry + 2).to(tl.pointer_type(TARGET))
+    numel = tl.load(entry + 3)
+    position = tl.load(entry + 4)
+    index = within * (WORDS * PER_WORD) + tl.arange(0, WORDS * PER_WORD)
+    kept = index < numel
+    value = tl.load(source + index, mask=kept, other=0).to(TARGET)
+    tl.store(target + index, value, mask=kept)
+    # The fingerprint of the values written, from the registers: elements past the end are 0,
+    # which is the definition's zero padding.
+    bits = value.to(BITS, bitcast=True)
+    if PER_WORD == 2:
+        halves = bits.to(tl.int32) & 0xFFFF
+        first, second = tl.split(tl.reshape(halves, (WORDS, 2)))
+        word = (first | (second << 16)).to(tl.int64)  # little-endian: element 2p is the low half
+    else:
+        word = bits.to(tl.int64)
+    column = tl.arange(0, WORDS).to(tl.int64)
+    plain = tl.sum(word, axis=0)
+    local = tl.sum(word * (2 * column + 1), axis=0)
+    tl.atomic_add(out + 2 * position, plain)
+    tl.atomic_add(out + 2 * position + 1, local + within * (2 * WORDS) * plain)
+
+
+_TRITON_DTYPES = {
+    torch.float32: (tl.float32, tl.int32),
+    torch.bfloat16: (tl.bfloat16, tl.int16),
+    torch.float16: (tl.float16, tl.int16),
+}
+COPY_DTYPES = frozenset(_TRITON_DTYPES)
+"""The source and target dtypes :func:`copy_sums` takes."""
+
+
+def copy_sums(
+    sources: list[torch.Tensor],
+    targets: list[torch.Tensor],
+    positions: list[int],
+    out: torch.Tensor,
+    words: int,
+) -> None:
+    """Copies each source into its target (cast to the target's dtype) and adds the fingerprint
+    sums of the values written to ``out[position]`` (``(k, 2)`` int64), in one kernel.
+
+    Every tensor is contiguous and on ``out``'s CUDA device; the sources share one dtype and the
+    targets another, both in :data:`COPY_DTYPES`; ``words`` is the row length in words."""
+    if not targets:
+        return
+    target_dtype = targets[0].dtype
+    per_word = 4 // target_dtype.itemsize
+    elements = words * per_word
+    facts: list[int] = []
+    first = 0
+    for source, target, position in zip(sources, targets, positions, strict=True):
+        numel = target.numel()
+        if numel:
+            facts += (first, source.data_ptr(), target.data_ptr(), numel, position)
+            first += -(-numel // elements)
+    if not first:
+        return
+    count = len(facts) // 5
+    search = max(1, (count - 1).bit_length())
+    # The search may probe up to entry 2**search - 1: entries past the last start beyond every row.
+    facts += (1 << 62, 0, 0, 0, 0) * ((1 << search) - count)
+    # Pinned and non-blocking: the table is queued behind the kernels before it, no host sync.
+    table = torch.tensor(facts, dtype=torch.int64).pin_memory().to(out.device, non_blocking=True)
+    _copy_sums_kernel[(first,)](
+        table,
+        out,
+        WORDS=words,
+        PER_WORD=per_word,
+        SOURCE=_TRITON_DTYPES[sources[0].dtype][0],
+        TARGET=_TRITON_DTYPES[target_dtype][0],
+        BITS=_TRITON_DTYPES[target_dtype][1],
+        SEARCH=search,
+        num_warps=8,
+    )

@@ -118,6 +118,22 @@ def device_kernel() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torc
     return row_sums
 
 
+class CopyKernel(NamedTuple):
+    """The fused copy-and-fingerprint kernel and the dtypes it takes."""
+
+    run: Callable[[list[torch.Tensor], list[torch.Tensor], list[int], torch.Tensor, int], None]
+    dtypes: frozenset[torch.dtype]
+
+
+@functools.cache
+def copy_kernel() -> CopyKernel | None:
+    try:
+        from lrft.api._digest_kernel import COPY_DTYPES, copy_sums
+    except ImportError:  # a torch build without Triton: copy, then fingerprint the copies
+        return None
+    return CopyKernel(copy_sums, COPY_DTYPES)
+
+
 def _unmasked_row_sums(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(plain, local)`` of whole rows, in int64 temporaries bounded to a few times
     :data:`STAGING_BYTES`. A row viewed as a 64 x 64 block gives the word at ``(i, j)`` the

@@ -63,6 +63,8 @@ class EngineCapabilities:
     returns_logprobs: it can return per-token logprobs.
     multimodal: it accepts ``GenerationRequest.multimodal`` inputs.
     needs_cuda: it only runs on CUDA devices.
+    loads_in_place: its ``weight_update`` yields an ``InPlaceWeightLoader``, which lends the
+        storage the engine serves each weight from.
     """
 
     sleep_levels: frozenset[int] = attrs.field(factory=frozenset, converter=_levels)
@@ -71,6 +73,7 @@ class EngineCapabilities:
     returns_logprobs: bool = False
     multimodal: bool = False
     needs_cuda: bool = False
+    loads_in_place: bool = False
 
     def names(self) -> frozenset[str]:
         names = {f"sleep_level_{level}" for level in self.sleep_levels}
@@ -78,7 +81,7 @@ class EngineCapabilities:
             names.add("sleep_frees_memory")
         if self.max_tp > 1:
             names.add("tensor_parallel")
-        for flag in ("returns_logprobs", "multimodal", "needs_cuda"):
+        for flag in ("returns_logprobs", "multimodal", "needs_cuda", "loads_in_place"):
             if getattr(self, flag):
                 names.add(flag)
         return frozenset(names)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -40,6 +40,7 @@ from lrft.api._digest_rows import (
     add_row_sums,
     buffer_layout,
     contiguous_strides,
+    copy_kernel,
     device_of,
     row_groups,
     row_layout,
@@ -48,6 +49,14 @@ from lrft.api._digest_rows import ROW_WORDS as ROW_WORDS
 from lrft.api._digest_rows import STAGING_BYTES as STAGING_BYTES
 
 _MASK = (1 << 64) - 1
+
+
+class _HasShapeAndDtype(Protocol):
+    @property
+    def shape(self) -> Sequence[int]: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
 
 
 def digest_sums_many(
@@ -60,6 +69,58 @@ def digest_sums_many(
     released or overwritten as soon as this returns.
     """
     return DigestPlan(tensors, staging_bytes=staging_bytes).sums()
+
+
+def copy_with_digest(
+    sources: Sequence[torch.Tensor],
+    targets: Sequence[torch.Tensor],
+    positions: Sequence[int],
+    out: torch.Tensor,
+) -> None:
+    """Copies each source into its target, cast to the target's dtype, and adds the fingerprint
+    sums of the values written to ``out[position]`` (``out``: ``(k, 2)`` int64 on the targets'
+    device, zero where nothing was added yet), without a host sync.
+
+    This is how a weight sync writes straight into an engine's storage and still knows what it
+    sent. On CUDA, contiguous floating-point tensors go through one Triton kernel per pair of
+    dtypes that reads each source once and fingerprints the values in registers as it writes
+    them: the copy's traffic and no more. Anything else is copied and then fingerprinted from
+    the targets.
+    """
+    fused: dict[tuple[torch.dtype, torch.dtype], list[int]] = {}
+    rest: list[int] = []
+    kernel = copy_kernel() if out.is_cuda else None
+    for i, (source, target) in enumerate(zip(sources, targets, strict=True)):
+        if source.shape != target.shape:
+            raise ValueError(
+                f"copy_with_digest: source {i} has shape {tuple(source.shape)}, its target "
+                f"{tuple(target.shape)}"
+            )
+        if (
+            kernel is not None
+            and source.device == target.device == out.device
+            and source.dtype in kernel.dtypes
+            and target.dtype in kernel.dtypes
+            and source.is_contiguous()
+            and target.is_contiguous()
+        ):
+            fused.setdefault((source.dtype, target.dtype), []).append(i)
+        else:
+            rest.append(i)
+    for group in fused.values():
+        assert kernel is not None
+        kernel.run(
+            [sources[i] for i in group],
+            [targets[i] for i in group],
+            [positions[i] for i in group],
+            out,
+            ROW_WORDS,
+        )
+    if rest:
+        written = [targets[i] for i in rest]
+        torch._foreach_copy_(written, [sources[i] for i in rest])
+        index = torch.tensor([positions[i] for i in rest], dtype=torch.int64)
+        out.index_add_(0, index.to(out.device), digest_sums_many(written))
 
 
 class DigestPlan:
@@ -188,6 +249,18 @@ def format_digest(shape: Sequence[int], dtype: torch.dtype, sums: Sequence[int])
     weighted)`` sums, read on the host."""
     plain, weighted = sums
     return f"{_header(tuple(shape), dtype)}:{plain & _MASK:016x}{weighted & _MASK:016x}"
+
+
+def format_digests(
+    names: Sequence[str], specs: Sequence[_HasShapeAndDtype], sums: torch.Tensor
+) -> dict[str, str]:
+    """The fingerprint strings of tensors named ``names``, of the shapes and dtypes ``specs``
+    give, from their ``(len(names), 2)`` sums (one transfer to the host)."""
+    values = sums.tolist()
+    return {
+        name: f"{_header(tuple(spec.shape), spec.dtype)}:{plain & _MASK:016x}{weighted & _MASK:016x}"
+        for name, spec, (plain, weighted) in zip(names, specs, values, strict=True)
+    }
 
 
 @functools.lru_cache(maxsize=4096)

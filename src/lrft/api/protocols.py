@@ -189,6 +189,38 @@ class WeightLoader(Protocol):
 
 
 @runtime_checkable
+class InPlaceWeightLoader(WeightLoader, Protocol):
+    """A ``WeightLoader`` that also lends the engine's own storage, for engines that declare
+    the ``loads_in_place`` capability: a sync writes each weight straight where the engine
+    serves it from (one cast copy, no staging) and compares fingerprints on the device.
+
+    Only valid inside its ``weight_update`` block: every method raises ``RuntimeError`` once the
+    block has exited.
+    """
+
+    def targets(self, names: Sequence[str]) -> list[torch.Tensor]:
+        """The tensors the engine serves the named weights from: contiguous, in the engine's
+        dtype and shape, on its device, in the order of ``names``.
+
+        The names are validated whole first, as a batch is (an unknown name raises
+        ``WeightLoadError`` and nothing is lent). Lending counts as loading: the update covers
+        the named weights, and the engine's weights are not a complete version until the block
+        exits cleanly, so the caller must overwrite every element of every target before then.
+        """
+        ...
+
+    def digest_order(self) -> Sequence[str]:
+        """Every weight's Hugging Face name, in the order of the rows of ``digest_sums``."""
+        ...
+
+    def digest_sums(self) -> torch.Tensor:
+        """The fingerprint sums (``lrft.api.digest``) of what the engine holds now, read from the
+        storage it serves from: ``(len(digest_order()), 2)`` int64 on the engine's device, with
+        no host sync. ``weights_digest`` formats the same sums."""
+        ...
+
+
+@runtime_checkable
 class RolloutEngine(Protocol):
     """Generation from token ids, with an explicit memory state machine and versioned weights.
 

@@ -12,9 +12,9 @@ tensors; the rules live here, once.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Self
+from typing import Protocol, Self
 
 import attrs
 import torch
@@ -57,6 +57,17 @@ class WakePlan:
     restore_kv_cache: bool
 
 
+def resolve_name(name: str, specs: Mapping[str, TensorSpec], aliases: Mapping[str, str]) -> str:
+    """The name ``specs`` lists the weight ``name`` under; ``WeightLoadError`` if none."""
+    canonical = aliases.get(name, name)
+    if canonical not in specs:
+        raise WeightLoadError(
+            f"unknown weight {name!r}: the engine has no parameter of that name "
+            f"({len(specs)} known, e.g. {sorted(specs)[:3]}); nothing was loaded"
+        )
+    return canonical
+
+
 def validate_batch(
     named_tensors: NamedTensors,
     specs: Mapping[str, TensorSpec],
@@ -69,13 +80,8 @@ def validate_batch(
     """
     resolved = []
     for name, tensor in named_tensors:
-        canonical = aliases.get(name, name)
-        spec = specs.get(canonical)
-        if spec is None:
-            raise WeightLoadError(
-                f"unknown weight {name!r}: the engine has no parameter of that name "
-                f"({len(specs)} known, e.g. {sorted(specs)[:3]}); nothing was loaded"
-            )
+        canonical = resolve_name(name, specs, aliases)
+        spec = specs[canonical]
         if tensor.shape != spec.shape:  # a torch.Size is a tuple
             raise WeightLoadError(
                 f"weight {name!r} has shape {tuple(tensor.shape)}, the engine stores "
@@ -231,35 +237,29 @@ class EngineLifecycle:
     # --- weights -----------------------------------------------------------------------------
 
     @contextmanager
-    def weight_update(self, version: int, copy: CopyBatch) -> Iterator[WeightLoader]:
-        """The contract's update rules around an adapter's ``copy``; see ``RolloutEngine``."""
+    def weight_update(
+        self, version: int, copy: CopyBatch, store: WeightStore | None = None
+    ) -> Iterator[WeightLoader]:
+        """The contract's update rules around an adapter's ``copy``; see ``RolloutEngine``.
+
+        With a ``store`` the loader is an ``InPlaceWeightLoader`` that lends its storage."""
         self.check_weights_resident("load weights")
         self._check_not_updating("open a weight update")
         self._version = None  # stale from entry until a clean exit
         self._updating = True
-        covered: set[str] = set()
-        copied_any = False
-
-        def load(named_tensors: NamedTensors) -> None:
-            nonlocal copied_any
-            self.check_open()
-            batch = validate_batch(named_tensors, self.specs, self.aliases)
-            # Set before copying: a copy that fails half-way has already changed some weights.
-            copied_any = copied_any or bool(batch)
-            copy(batch)
-            covered.update(name for name, _ in batch)
-
+        loader = _Loader(self, copy) if store is None else _InPlaceLoader(self, copy, store)
         try:
-            yield load
+            yield loader
         except BaseException:
             # Stale even if nothing was copied: the caller meant to replace these weights and
             # did not, so serving them as current would be serving stale weights.
-            if copied_any:
+            if loader.copied_any:
                 self._needs_complete_update = True
             raise
         finally:
             self._updating = False
-        if self._needs_complete_update and covered != set(self.specs):
+            loader.open = False
+        if self._needs_complete_update and loader.covered != set(self.specs):
             return  # still stale: part of the weights holds no version
         self._version = version
         self._needs_complete_update = False
@@ -276,6 +276,67 @@ class EngineLifecycle:
         first = not self._closed
         self._closed = True
         return first
+
+
+class WeightStore(Protocol):
+    """What an engine that loads in place gives its lifecycle: its storage, lent by canonical
+    name, and the fingerprint sums of what it holds (see ``InPlaceWeightLoader``)."""
+
+    def storage(self, names: list[str]) -> list[torch.Tensor]: ...
+
+    def digest_order(self) -> Sequence[str]: ...
+
+    def digest_sums(self) -> torch.Tensor: ...
+
+
+class _Loader:
+    """The ``WeightLoader`` of one update: validates each batch whole, records what it covers."""
+
+    def __init__(self, lifecycle: EngineLifecycle, copy: CopyBatch) -> None:
+        self._lifecycle = lifecycle
+        self._copy = copy
+        self.covered: set[str] = set()
+        self.copied_any = False
+        self.open = True
+
+    def _check_open(self, action: str) -> None:
+        self._lifecycle.check_open()
+        if not self.open:
+            raise RuntimeError(f"cannot {action}: its weight_update block has exited")
+
+    def __call__(self, named_tensors: NamedTensors) -> None:
+        self._check_open("load through this loader")
+        lifecycle = self._lifecycle
+        batch = validate_batch(named_tensors, lifecycle.specs, lifecycle.aliases)
+        # Set before copying: a copy that fails half-way has already changed some weights.
+        self.copied_any = self.copied_any or bool(batch)
+        self._copy(batch)
+        self.covered.update(name for name, _ in batch)
+
+
+class _InPlaceLoader(_Loader):
+    """A ``_Loader`` that also lends the engine's storage (``InPlaceWeightLoader``)."""
+
+    def __init__(self, lifecycle: EngineLifecycle, copy: CopyBatch, store: WeightStore) -> None:
+        super().__init__(lifecycle, copy)
+        self._store = store
+
+    def targets(self, names: Sequence[str]) -> list[torch.Tensor]:
+        self._check_open("lend weights")
+        lifecycle = self._lifecycle
+        canonical = [resolve_name(name, lifecycle.specs, lifecycle.aliases) for name in names]
+        # Lent storage may be written at once: from here on the weights are not a version.
+        self.copied_any = self.copied_any or bool(canonical)
+        self.covered.update(canonical)
+        return self._store.storage(canonical)
+
+    def digest_order(self) -> Sequence[str]:
+        self._check_open("read the digest order")
+        return self._store.digest_order()
+
+    def digest_sums(self) -> torch.Tensor:
+        self._check_open("read the digest sums")
+        return self._store.digest_sums()
 
 
 class LifecycleViews(abc.ABC):

@@ -13,7 +13,7 @@ guards on: it is not recompiled.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -30,6 +30,8 @@ class FlatWeights:
 
     def __init__(self, params: Mapping[str, torch.nn.Parameter], device: torch.device) -> None:
         self.device = device
+        self._names = list(params)
+        self._index = {name: i for i, name in enumerate(self._names)}
         self._params = list(params.values())
         self._specs = [(tuple(p.shape), p.dtype) for p in self._params]
         buffer = DigestBuffer(self._specs, device)
@@ -54,6 +56,19 @@ class FlatWeights:
     def sums(self) -> torch.Tensor:
         """The fingerprint sums of every parameter, in the order of ``params``, on the device."""
         return self.buffer.sums()
+
+    # The engine's ``WeightStore``: a sync writes into the views the parameters are.
+
+    def storage(self, names: list[str]) -> list[torch.Tensor]:
+        """The device views the named parameters are, to be written in place."""
+        views = self.buffer.views
+        return [views[self._index[name]] for name in names]
+
+    def digest_order(self) -> Sequence[str]:
+        return self._names
+
+    def digest_sums(self) -> torch.Tensor:
+        return self.sums()
 
     def park(self) -> None:
         """Level 1: the whole buffer to host memory (pinned where the device is CUDA) in one

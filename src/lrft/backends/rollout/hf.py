@@ -33,7 +33,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 
 from lrft.api import validators as v
 from lrft.api.capabilities import EngineCapabilities
-from lrft.api.digest import format_digest
+from lrft.api.digest import format_digests
 from lrft.api.errors import CapabilityNotSupported, ConfigError
 from lrft.api.protocols import NamedTensors, WeightLoader
 from lrft.api.types import (
@@ -137,6 +137,7 @@ class HFRolloutEngine(LifecycleViews):
             sleep_frees_memory=self._device.type == "cuda",
             max_tp=1,
             returns_logprobs=True,
+            loads_in_place=True,
         )
         self._lifecycle = EngineLifecycle(
             backend=self.name, capabilities=self._capabilities, specs=specs, aliases=aliases
@@ -328,7 +329,8 @@ class HFRolloutEngine(LifecycleViews):
         self._lifecycle.load_weights(named_tensors, version, self._copy)
 
     def weight_update(self, version: int) -> AbstractContextManager[WeightLoader]:
-        return self._lifecycle.weight_update(version, self._copy)
+        # The flat buffer is the storage the model serves from: a sync may write into it.
+        return self._lifecycle.weight_update(version, self._copy, store=self._flat)
 
     def _copy(self, batch: list[tuple[str, torch.Tensor]]) -> None:
         if not batch:
@@ -341,11 +343,7 @@ class HFRolloutEngine(LifecycleViews):
     def weights_digest(self) -> dict[str, str]:
         self._lifecycle.check_weights_resident("read the weights digest")
         # One reduction over the weight buffer in place, in the order of self._params.
-        sums = self._flat.sums().tolist()
-        return {
-            name: format_digest(p.shape, p.dtype, fingerprint)
-            for (name, p), fingerprint in zip(self._params.items(), sums, strict=True)
-        }
+        return format_digests(list(self._params), list(self._params.values()), self._flat.sums())
 
     # --- teardown ----------------------------------------------------------------------------
 

@@ -21,9 +21,15 @@ import attrs
 import torch
 
 from lrft.api.capabilities import SyncCapabilities
-from lrft.api.digest import DigestBuffer, PendingDigests, combine_digests
+from lrft.api.digest import (
+    DigestBuffer,
+    PendingDigests,
+    combine_digests,
+    copy_with_digest,
+    format_digests,
+)
 from lrft.api.errors import WeightSyncError
-from lrft.api.protocols import RolloutEngine, WeightLoader, WeightSource
+from lrft.api.protocols import InPlaceWeightLoader, RolloutEngine, WeightLoader, WeightSource
 from lrft.api.types import EnginePart, SyncReport, TensorSpec, WeightsResidency
 
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
@@ -66,17 +72,16 @@ class DirectSync:
         specs = engine.parameter_specs()
         if engine.state.weights is not WeightsResidency.RESIDENT:
             engine.wake([EnginePart.WEIGHTS])
-        stream = _Stream(specs=specs, name_map=self.name_map, verify=self.verify)
-        sent: dict[str, str] = {}
         # Sources that communicate to gather may then cast first and move fewer bytes.
         dtypes = {spec.dtype for spec in specs.values()}
         gather_dtype = dtypes.pop() if len(dtypes) == 1 else None
         with engine.weight_update(version) as load:
+            stream = _Stream(specs=specs, name_map=self.name_map, verify=self.verify)
+            if self.verify and isinstance(load, InPlaceWeightLoader):
+                stream.write_in_place(load)
             stream.run(source.full_weights(self.bucket_bytes, gather_dtype=gather_dtype), load)
             stream.check_complete()
-            if self.verify:
-                sent = stream.sent_digests.resolve()
-                _verify(sent, engine.weights_digest())
+            sent = stream.verify_engine(engine) if self.verify else {}
         return SyncReport(
             version=version,
             tensors=len(stream.sent_bytes),
@@ -98,6 +103,15 @@ class _Stream:
     # tensor (or per bucket) would stall the stream of gathers and copies.
     sent_digests: PendingDigests = attrs.field(factory=PendingDigests)
     buckets: int = 0
+    # Writing in place: the engine's loader, each weight's row in its digest sums, and the sums
+    # of what was written there, accumulated on the device.
+    in_place: InPlaceWeightLoader | None = None
+    positions: dict[str, int] = attrs.field(factory=dict)
+    sent_sums: torch.Tensor | None = None
+
+    def write_in_place(self, load: InPlaceWeightLoader) -> None:
+        self.in_place = load
+        self.positions = {name: i for i, name in enumerate(load.digest_order())}
 
     def run(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], load: WeightLoader) -> None:
         error: Exception | None = None
@@ -106,7 +120,7 @@ class _Stream:
             if error is not None:
                 continue  # drain: peers still gather the remaining buckets with us
             try:
-                load(self._prepare(bucket))
+                self._load(bucket, load)
             except Exception as exc:  # raised after draining, never mid-collective
                 error, failed_bucket = exc, self.buckets
             self.buckets += 1
@@ -115,7 +129,34 @@ class _Stream:
         if error is not None:
             raise WeightSyncError(f"loading bucket {failed_bucket} failed: {error}") from error
 
-    def _prepare(self, bucket: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    def _load(self, bucket: list[tuple[str, torch.Tensor]], load: WeightLoader) -> None:
+        names, specs, tensors = self._checked(bucket)
+        if not tensors:
+            return
+        if not self.verify:
+            # The engine casts while it copies: no intermediate copy of the bucket.
+            load(list(zip(names, tensors, strict=True)))
+        elif self.in_place is not None:
+            # One cast copy straight into the engine's storage; the sent fingerprint is taken
+            # from the values as they are written.
+            targets = self.in_place.targets(names)
+            if self.sent_sums is None:
+                self.sent_sums = torch.zeros(
+                    (len(self.positions), 2), dtype=torch.int64, device=targets[0].device
+                )
+            positions = [self.positions[name] for name in names]
+            copy_with_digest(tensors, targets, positions, self.sent_sums)
+        else:
+            # The cast must exist to be fingerprinted, so it is written, in one fused copy,
+            # into a buffer laid out for digests; the engine then copies from it.
+            cast = DigestBuffer([(spec.shape, spec.dtype) for spec in specs], tensors[0].device)
+            torch._foreach_copy_(cast.views, tensors)
+            self.sent_digests.add_buffer(names, cast)
+            load(list(zip(names, cast.views, strict=True)))
+
+    def _checked(
+        self, bucket: list[tuple[str, torch.Tensor]]
+    ) -> tuple[list[str], list[TensorSpec], list[torch.Tensor]]:
         names: list[str] = []
         specs: list[TensorSpec] = []
         tensors: list[torch.Tensor] = []
@@ -139,15 +180,7 @@ class _Stream:
             names.append(name)
             specs.append(spec)
             tensors.append(tensor.detach() if tensor.requires_grad else tensor)
-        if not self.verify or not tensors:
-            # The engine casts while it copies: no intermediate copy of the bucket.
-            return list(zip(names, tensors, strict=True))
-        # Verified: the cast must exist to be fingerprinted, so it is written, in one fused
-        # copy, into a buffer laid out for digests; the engine then copies from it.
-        cast = DigestBuffer([(spec.shape, spec.dtype) for spec in specs], tensors[0].device)
-        torch._foreach_copy_(cast.views, tensors)
-        self.sent_digests.add_buffer(names, cast)
-        return list(zip(names, cast.views, strict=True))
+        return names, specs, tensors
 
     def check_complete(self) -> None:
         missing = sorted(set(self.specs) - set(self.sent_bytes))
@@ -156,6 +189,22 @@ class _Stream:
                 f"the trainer sent no value for {len(missing)} engine weight(s), e.g. "
                 f"{missing[:5]}: the engine would serve a mix of old and new weights"
             )
+
+    def verify_engine(self, engine: RolloutEngine) -> dict[str, str]:
+        """Compares what the engine holds with what was sent; the sent digests, by name."""
+        if self.in_place is None:
+            sent = self.sent_digests.resolve()
+            _verify(sent, engine.weights_digest())
+            return sent
+        order = self.in_place.digest_order()
+        held = self.in_place.digest_sums()
+        sent_sums = self.sent_sums if self.sent_sums is not None else torch.zeros_like(held)
+        # One comparison on the device and one host sync; strings only for the report.
+        same = torch.equal(sent_sums, held)
+        sent = format_digests(order, [self.specs[name] for name in order], sent_sums)
+        if not same:
+            _verify(sent, format_digests(order, [self.specs[n] for n in order], held))
+        return sent
 
 
 def _verify(sent: Mapping[str, str], held: Mapping[str, str]) -> None:

@@ -53,6 +53,12 @@ from lrft.testing.conformance._rollout_generation_checks import (
     check_truncated_sampling_is_greedy,
     check_uneven_requests,
 )
+from lrft.testing.conformance._rollout_in_place_checks import (
+    check_in_place_capability_matches_loader,
+    check_in_place_load_serves_what_was_written,
+    check_in_place_loader_refuses_misuse,
+    check_lending_counts_as_loading,
+)
 from lrft.testing.conformance._rollout_weight_checks import (
     check_asleep_refuses_work,
     check_bad_batch_changes_nothing,
@@ -190,6 +196,26 @@ class RolloutEngineSuite(DistributedSuite, abc.ABC, Generic[E]):
 
     def test_digest_matches_backdoor(self, pool: RankPool, engine_models: EngineModels) -> None:
         pool.run(check_digest_matches_backdoor, type(self), engine_models)
+
+    # --- loading in place (engines that declare loads_in_place) ----------------------------
+
+    def test_in_place_capability_matches_loader(
+        self, pool: RankPool, engine_models: EngineModels
+    ) -> None:
+        pool.run(check_in_place_capability_matches_loader, type(self), engine_models)
+
+    def test_in_place_load_serves_what_was_written(
+        self, pool: RankPool, engine_models: EngineModels
+    ) -> None:
+        pool.run(check_in_place_load_serves_what_was_written, type(self), engine_models)
+
+    def test_lending_counts_as_loading(self, pool: RankPool, engine_models: EngineModels) -> None:
+        pool.run(check_lending_counts_as_loading, type(self), engine_models)
+
+    def test_in_place_loader_refuses_misuse(
+        self, pool: RankPool, engine_models: EngineModels
+    ) -> None:
+        pool.run(check_in_place_loader_refuses_misuse, type(self), engine_models)
 
     def test_shutdown(self, pool: RankPool, engine_models: EngineModels) -> None:
         pool.run(check_shutdown, type(self), engine_models)

@@ -18,7 +18,7 @@ plain transformers model whose greedy tokens (a full forward per token) the engi
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import ClassVar, Generic, TypeVar, cast
@@ -29,6 +29,7 @@ import torch
 from lrft.api import (
     EnginePart,
     GenerationRequest,
+    InPlaceWeightLoader,
     OptimizerConfig,
     RolloutEngine,
     SamplingParams,
@@ -112,6 +113,11 @@ class WeightSyncSuite(DistributedSuite, abc.ABC, Generic[S]):
 
     def test_failed_stream_never_leaves_engine_fresh(self, pool: RankPool, model_dir: Path) -> None:
         pool.run(_sync_failing_source, type(self), model_dir)
+
+    def test_in_place_writes_that_miss_fail_and_leave_engine_stale(
+        self, pool: RankPool, model_dir: Path
+    ) -> None:
+        pool.run(_sync_detects_misdirected_writes, type(self), model_dir)
 
 
 # --- rank-side checks -------------------------------------------------------------------------
@@ -260,6 +266,62 @@ class CorruptInTransit:
 
     def weight_update(self, version: int) -> AbstractContextManager[WeightLoader]:
         return self._update(version)
+
+
+def _sync_detects_misdirected_writes(suite: type[WeightSyncSuite[S]], model_dir: Path) -> None:
+    source = _trained_source(suite, steps=1)
+    with suite.make_engine(model_dir, torch.float32) as engine:
+        if "verifies_digest" not in suite.make_sync(1 << 20).capabilities.names():
+            pytest.skip("sync lacks capability verifies_digest")
+        if "loads_in_place" not in engine.capabilities.names():
+            pytest.skip(f"{engine.name} engine lacks capability loads_in_place")
+        misdirecting = cast(RolloutEngine, MisdirectInPlace(engine))
+        with pytest.raises(WeightSyncError, match="differ"):
+            suite.make_sync(4 * 1024).sync(source, misdirecting, version=2)
+        assert engine.weights_version is None, "a failed sync left the engine looking fresh"
+        with pytest.raises(StaleWeightsError):
+            _greedy(engine)
+
+
+class MisdirectInPlace:
+    """An engine proxy whose in-place loader lends scratch tensors instead of the engine's
+    storage for the first bucket, as a loader that lent stale storage would: those writes never
+    reach the engine. Everything else is the real engine's."""
+
+    def __init__(self, engine: RolloutEngine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._engine, name)
+
+    @contextmanager
+    def _update(self, version: int) -> Iterator[WeightLoader]:
+        with self._engine.weight_update(version) as load:
+            assert isinstance(load, InPlaceWeightLoader)
+            yield _MisdirectingLoader(load)
+
+    def weight_update(self, version: int) -> AbstractContextManager[WeightLoader]:
+        return self._update(version)
+
+
+class _MisdirectingLoader:
+    def __init__(self, load: InPlaceWeightLoader) -> None:
+        self._load = load
+        self._lent = 0
+
+    def __call__(self, named_tensors: NamedTensors) -> None:
+        self._load(named_tensors)
+
+    def targets(self, names: Sequence[str]) -> list[torch.Tensor]:
+        real = self._load.targets(names)
+        self._lent += 1
+        return [torch.empty_like(t) for t in real] if self._lent == 1 else real
+
+    def digest_order(self) -> Sequence[str]:
+        return self._load.digest_order()
+
+    def digest_sums(self) -> torch.Tensor:
+        return self._load.digest_sums()
 
 
 class _MisshapenHead:
