@@ -13,6 +13,8 @@ import torch
 import triton  # type: ignore[import-not-found, unused-ignore]  # CUDA builds of torch ship it; nothing else imports this
 import triton.language as tl  # type: ignore[import-not-found, unused-ignore]  # as above
 
+from lrft.api._digest_rows import CopyTable
+
 
 @triton.jit  # type: ignore[untyped-decorator, unused-ignore]  # Triton is untyped
 def _row_sums_kernel(words, valid, offset, out, WORDS: tl.constexpr):  # type: ignore[no-untyped-def]  # a Triton kernel's arguments are pointers and constexprs
@@ -99,46 +101,31 @@ COPY_DTYPES = frozenset(_TRITON_DTYPES)
 """The source and target dtypes :func:`copy_sums` takes."""
 
 
-def copy_sums(
-    sources: list[torch.Tensor],
-    targets: list[torch.Tensor],
-    positions: list[int],
-    out: torch.Tensor,
-    words: int,
-) -> None:
-    """Copies each source into its target (cast to the target's dtype) and adds the fingerprint
-    sums of the values written to ``out[position]`` (``(k, 2)`` int64), in one kernel.
-
-    Every tensor is contiguous and on ``out``'s CUDA device; the sources share one dtype and the
-    targets another, both in :data:`COPY_DTYPES`; ``words`` is the row length in words."""
-    if not targets:
+def copy_sums(table: CopyTable, out: torch.Tensor) -> None:
+    """Copies each tensor of ``table`` from its source to its target address (cast to the
+    target dtype) and adds the fingerprint sums of the values written to ``out[position]``
+    (``(k, 2)`` int64), in one kernel. The caller checked every tensor: contiguous, on
+    ``out``'s CUDA device, of the table's dtypes (both in :data:`COPY_DTYPES`)."""
+    if not table.rows:
         return
-    target_dtype = targets[0].dtype
-    per_word = 4 // target_dtype.itemsize
-    elements = words * per_word
-    facts: list[int] = []
-    first = 0
-    for source, target, position in zip(sources, targets, positions, strict=True):
-        numel = target.numel()
-        if numel:
-            facts += (first, source.data_ptr(), target.data_ptr(), numel, position)
-            first += -(-numel // elements)
-    if not first:
-        return
+    facts = table.facts
     count = len(facts) // 5
     search = max(1, (count - 1).bit_length())
     # The search may probe up to entry 2**search - 1: entries past the last start beyond every row.
-    facts += (1 << 62, 0, 0, 0, 0) * ((1 << search) - count)
+    facts = facts + [1 << 62, 0, 0, 0, 0] * ((1 << search) - count)
     # Pinned and non-blocking: the table is queued behind the kernels before it, no host sync.
-    table = torch.tensor(facts, dtype=torch.int64).pin_memory().to(out.device, non_blocking=True)
-    _copy_sums_kernel[(first,)](
-        table,
+    on_device = (
+        torch.tensor(facts, dtype=torch.int64).pin_memory().to(out.device, non_blocking=True)
+    )
+    target, bits = _TRITON_DTYPES[table.target]
+    _copy_sums_kernel[(table.rows,)](
+        on_device,
         out,
-        WORDS=words,
-        PER_WORD=per_word,
-        SOURCE=_TRITON_DTYPES[sources[0].dtype][0],
-        TARGET=_TRITON_DTYPES[target_dtype][0],
-        BITS=_TRITON_DTYPES[target_dtype][1],
+        WORDS=table.words,
+        PER_WORD=4 // table.target.itemsize,
+        SOURCE=_TRITON_DTYPES[table.source][0],
+        TARGET=target,
+        BITS=bits,
         SEARCH=search,
         num_warps=8,
     )

@@ -118,10 +118,29 @@ def device_kernel() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torc
     return row_sums
 
 
+class CopyTable:
+    """The fused copy kernel's table for one pair of dtypes: per tensor its first row (of
+    ``words`` words of the target) among all the table's rows, the source and target addresses,
+    the element count and the position its sums go to."""
+
+    def __init__(self, source: torch.dtype, target: torch.dtype, words: int) -> None:
+        self.source = source
+        self.target = target
+        self.words = words
+        self.facts: list[int] = []
+        self.rows = 0
+        self._row_elements = words * 4 // target.itemsize
+
+    def add(self, source: int, target: int, numel: int, position: int) -> None:
+        if numel:
+            self.facts += (self.rows, source, target, numel, position)
+            self.rows += -(-numel // self._row_elements)
+
+
 class CopyKernel(NamedTuple):
     """The fused copy-and-fingerprint kernel and the dtypes it takes."""
 
-    run: Callable[[list[torch.Tensor], list[torch.Tensor], list[int], torch.Tensor, int], None]
+    run: Callable[[CopyTable, torch.Tensor], None]
     dtypes: frozenset[torch.dtype]
 
 

@@ -36,6 +36,7 @@ import torch
 
 from lrft.api._digest_rows import (
     ROW_BYTES,
+    CopyTable,
     Rows,
     add_row_sums,
     buffer_layout,
@@ -87,35 +88,36 @@ def copy_with_digest(
     them: the copy's traffic and no more. Anything else is copied and then fingerprinted from
     the targets.
     """
-    fused: dict[tuple[torch.dtype, torch.dtype], list[int]] = {}
+    # One pass over the tensors that checks them and writes the kernel's table as it goes:
+    # this runs per tensor per sync, so it reads each tensor's properties once.
+    device = out.get_device()  # -1 on the host
+    kernel = copy_kernel() if device >= 0 else None
+    tables: dict[tuple[torch.dtype, torch.dtype], CopyTable] = {}
     rest: list[int] = []
-    kernel = copy_kernel() if out.is_cuda else None
     for i, (source, target) in enumerate(zip(sources, targets, strict=True)):
         if source.shape != target.shape:
             raise ValueError(
                 f"copy_with_digest: source {i} has shape {tuple(source.shape)}, its target "
                 f"{tuple(target.shape)}"
             )
-        if (
-            kernel is not None
-            and source.device == target.device == out.device
-            and source.dtype in kernel.dtypes
-            and target.dtype in kernel.dtypes
-            and source.is_contiguous()
-            and target.is_contiguous()
-        ):
-            fused.setdefault((source.dtype, target.dtype), []).append(i)
-        else:
-            rest.append(i)
-    for group in fused.values():
-        assert kernel is not None
-        kernel.run(
-            [sources[i] for i in group],
-            [targets[i] for i in group],
-            [positions[i] for i in group],
-            out,
-            ROW_WORDS,
-        )
+        if kernel is not None:
+            pair = (source.dtype, target.dtype)
+            table = tables.get(pair)
+            if table is None and pair[0] in kernel.dtypes and pair[1] in kernel.dtypes:
+                table = tables[pair] = CopyTable(pair[0], pair[1], ROW_WORDS)
+            if (
+                table is not None
+                and source.get_device() == device
+                and target.get_device() == device
+                and source.is_contiguous()
+                and target.is_contiguous()
+            ):
+                table.add(source.data_ptr(), target.data_ptr(), target.numel(), positions[i])
+                continue
+        rest.append(i)
+    if kernel is not None:
+        for table in tables.values():
+            kernel.run(table, out)
     if rest:
         written = [targets[i] for i in rest]
         torch._foreach_copy_(written, [sources[i] for i in rest])
@@ -256,10 +258,12 @@ def format_digests(
 ) -> dict[str, str]:
     """The fingerprint strings of tensors named ``names``, of the shapes and dtypes ``specs``
     give, from their ``(len(names), 2)`` sums (one transfer to the host)."""
-    values = sums.tolist()
+    # Both sums of every tensor as big-endian bytes, in hex at once: 32 digits per tensor,
+    # each sum's digits modulo 2**64 as the definition formats them.
+    digits = sums.to("cpu").numpy().astype(">i8").tobytes().hex()
     return {
-        name: f"{_header(tuple(spec.shape), spec.dtype)}:{plain & _MASK:016x}{weighted & _MASK:016x}"
-        for name, spec, (plain, weighted) in zip(names, specs, values, strict=True)
+        name: f"{_header(tuple(spec.shape), spec.dtype)}:{digits[32 * i : 32 * i + 32]}"
+        for i, (name, spec) in enumerate(zip(names, specs, strict=True))
     }
 
 
