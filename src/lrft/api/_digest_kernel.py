@@ -9,6 +9,8 @@ kernel takes on a bucket.
 
 from __future__ import annotations
 
+from array import array
+
 import torch
 import triton  # type: ignore[import-not-found, unused-ignore]  # CUDA builds of torch ship it; nothing else imports this
 import triton.language as tl  # type: ignore[import-not-found, unused-ignore]  # as above
@@ -45,9 +47,9 @@ def row_sums(words: torch.Tensor, valid: torch.Tensor, offset: torch.Tensor) -> 
 
 
 @triton.jit  # type: ignore[untyped-decorator, unused-ignore]  # Triton is untyped
-def _copy_sums_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel's arguments are pointers and constexprs
+def _copy_rows_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel's arguments are pointers and constexprs
     table,
-    out,
+    partial,
     WORDS: tl.constexpr,
     PER_WORD: tl.constexpr,
     SOURCE: tl.constexpr,
@@ -71,25 +73,45 @@ def _copy_sums_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel's argu
     source = tl.load(entry + 1).to(tl.pointer_type(SOURCE))
     target = tl.load(entry + 2).to(tl.pointer_type(TARGET))
     numel = tl.load(entry + 3)
-    position = tl.load(entry + 4)
-    index = within * (WORDS * PER_WORD) + tl.arange(0, WORDS * PER_WORD)
+    column = tl.arange(0, WORDS)
+    # The row as a (WORDS, PER_WORD) tile: the elements of word p side by side, so that the
+    # words come out of the values written without moving them between threads.
+    part = tl.arange(0, PER_WORD)
+    index = within * (WORDS * PER_WORD) + PER_WORD * column[:, None] + part[None, :]
     kept = index < numel
     value = tl.load(source + index, mask=kept, other=0).to(TARGET)
     tl.store(target + index, value, mask=kept)
-    # The fingerprint of the values written, from the registers: elements past the end are 0,
-    # which is the definition's zero padding.
-    bits = value.to(BITS, bitcast=True)
+    # Elements past the end are 0 here: the definition's zero padding.
+    bits = value.to(BITS, bitcast=True).to(tl.int32)
     if PER_WORD == 2:
-        halves = bits.to(tl.int32) & 0xFFFF
-        first, second = tl.split(tl.reshape(halves, (WORDS, 2)))
-        word = (first | (second << 16)).to(tl.int64)  # little-endian: element 2p is the low half
-    else:
-        word = bits.to(tl.int64)
-    column = tl.arange(0, WORDS).to(tl.int64)
+        # Little-endian: element 2p is the word's low half. The halves' bits are disjoint, so
+        # their int32 sum is the word.
+        bits = (bits & 0xFFFF) << (16 * part[None, :])
+    word = tl.sum(bits, axis=1).to(tl.int64)
     plain = tl.sum(word, axis=0)
-    local = tl.sum(word * (2 * column + 1), axis=0)
-    tl.atomic_add(out + 2 * position, plain)
-    tl.atomic_add(out + 2 * position + 1, local + within * (2 * WORDS) * plain)
+    local = tl.sum(word * (2 * column.to(tl.int64) + 1), axis=0)
+    tl.store(partial + 2 * row, plain)
+    tl.store(partial + 2 * row + 1, local + within * (2 * WORDS) * plain)
+
+
+@triton.jit  # type: ignore[untyped-decorator, unused-ignore]  # Triton is untyped
+def _entry_sums_kernel(table, partial, out, ROW_ELEMENTS: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # as above
+    # One program per tensor adds up its rows' sums: per-row atomics on one address would
+    # serialise a large tensor's rows.
+    entry = table + 5 * tl.program_id(0).to(tl.int64)
+    first = tl.load(entry)
+    rows = (tl.load(entry + 3) + ROW_ELEMENTS - 1) // ROW_ELEMENTS
+    position = tl.load(entry + 4)
+    plain = tl.zeros([BLOCK], tl.int64)
+    local = tl.zeros([BLOCK], tl.int64)
+    for start in range(0, rows, BLOCK):
+        at = first + start + tl.arange(0, BLOCK)
+        kept = start + tl.arange(0, BLOCK) < rows
+        plain += tl.load(partial + 2 * at, mask=kept, other=0)
+        local += tl.load(partial + 2 * at + 1, mask=kept, other=0)
+    # Atomic: two tables (two dtype pairs) may add to one output row.
+    tl.atomic_add(out + 2 * position, tl.sum(plain, axis=0))
+    tl.atomic_add(out + 2 * position + 1, tl.sum(local, axis=0))
 
 
 _TRITON_DTYPES = {
@@ -97,6 +119,7 @@ _TRITON_DTYPES = {
     torch.bfloat16: (tl.bfloat16, tl.int16),
     torch.float16: (tl.float16, tl.int16),
 }
+_COPY_WARPS = 8
 COPY_DTYPES = frozenset(_TRITON_DTYPES)
 """The source and target dtypes :func:`copy_sums` takes."""
 
@@ -104,7 +127,7 @@ COPY_DTYPES = frozenset(_TRITON_DTYPES)
 def copy_sums(table: CopyTable, out: torch.Tensor) -> None:
     """Copies each tensor of ``table`` from its source to its target address (cast to the
     target dtype) and adds the fingerprint sums of the values written to ``out[position]``
-    (``(k, 2)`` int64), in one kernel. The caller checked every tensor: contiguous, on
+    (``(k, 2)`` int64), in two kernels (one per row, one per tensor). The caller checked every tensor: contiguous, on
     ``out``'s CUDA device, of the table's dtypes (both in :data:`COPY_DTYPES`)."""
     if not table.rows:
         return
@@ -112,20 +135,26 @@ def copy_sums(table: CopyTable, out: torch.Tensor) -> None:
     count = len(facts) // 5
     search = max(1, (count - 1).bit_length())
     # The search may probe up to entry 2**search - 1: entries past the last start beyond every row.
-    facts = facts + [1 << 62, 0, 0, 0, 0] * ((1 << search) - count)
+    padded = array("q", facts)
+    padded.extend([1 << 62, 0, 0, 0, 0] * ((1 << search) - count))
     # Pinned and non-blocking: the table is queued behind the kernels before it, no host sync.
-    on_device = (
-        torch.tensor(facts, dtype=torch.int64).pin_memory().to(out.device, non_blocking=True)
-    )
+    # (An array becomes a tensor without a Python step per value.)
+    host = torch.frombuffer(padded, dtype=torch.int64).pin_memory()
+    on_device = host.to(out.device, non_blocking=True)
     target, bits = _TRITON_DTYPES[table.target]
-    _copy_sums_kernel[(table.rows,)](
+    per_word = 4 // table.target.itemsize
+    partial = torch.empty((table.rows, 2), dtype=torch.int64, device=out.device)
+    _copy_rows_kernel[(table.rows,)](
         on_device,
-        out,
+        partial,
         WORDS=table.words,
-        PER_WORD=4 // table.target.itemsize,
+        PER_WORD=per_word,
         SOURCE=_TRITON_DTYPES[table.source][0],
         TARGET=target,
         BITS=bits,
         SEARCH=search,
-        num_warps=8,
+        num_warps=_COPY_WARPS,
+    )
+    _entry_sums_kernel[(count,)](
+        on_device, partial, out, ROW_ELEMENTS=table.words * per_word, BLOCK=256, num_warps=4
     )
