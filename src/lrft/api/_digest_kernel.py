@@ -119,7 +119,11 @@ _TRITON_DTYPES = {
     torch.bfloat16: (tl.bfloat16, tl.int16),
     torch.float16: (tl.float16, tl.int16),
 }
-_COPY_WARPS = 8
+# Measured on an H200 (fp32 into bf16, W1's and the 1.5B model's tensors): rows of 2048 words
+# with 4 warps ran 1.07 and 3.61 ms, 4096 words with 8 warps 1.28 and 4.39 ms.
+COPY_WORDS = 2048
+"""Words per row of :func:`copy_sums` (any length gives the same sums)."""
+_COPY_WARPS = 4
 COPY_DTYPES = frozenset(_TRITON_DTYPES)
 """The source and target dtypes :func:`copy_sums` takes."""
 

@@ -142,15 +142,16 @@ class CopyKernel(NamedTuple):
 
     run: Callable[[CopyTable, torch.Tensor], None]
     dtypes: frozenset[torch.dtype]
+    words: int
 
 
 @functools.cache
 def copy_kernel() -> CopyKernel | None:
     try:
-        from lrft.api._digest_kernel import COPY_DTYPES, copy_sums
+        from lrft.api._digest_kernel import COPY_DTYPES, COPY_WORDS, copy_sums
     except ImportError:  # a torch build without Triton: copy, then fingerprint the copies
         return None
-    return CopyKernel(copy_sums, COPY_DTYPES)
+    return CopyKernel(copy_sums, COPY_DTYPES, COPY_WORDS)
 
 
 def _unmasked_row_sums(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -104,7 +104,7 @@ def copy_with_digest(
             pair = (source.dtype, target.dtype)
             table = tables.get(pair)
             if table is None and pair[0] in kernel.dtypes and pair[1] in kernel.dtypes:
-                table = tables[pair] = CopyTable(pair[0], pair[1], ROW_WORDS)
+                table = tables[pair] = CopyTable(pair[0], pair[1], kernel.words)
             if (
                 table is not None
                 and source.get_device() == device
