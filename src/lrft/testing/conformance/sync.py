@@ -221,14 +221,33 @@ def _sync_casts(suite: type[WeightSyncSuite[S]], model_dir: Path) -> None:
 
 
 def _sync_detects_corruption(suite: type[WeightSyncSuite[S]], model_dir: Path) -> None:
+    _sync_fails_through(suite, model_dir, CorruptInTransit, bucket_bytes=1 << 20)
+
+
+def _sync_detects_misdirected_writes(suite: type[WeightSyncSuite[S]], model_dir: Path) -> None:
+    _sync_fails_through(suite, model_dir, MisdirectInPlace, bucket_bytes=4 * 1024)
+
+
+def _sync_fails_through(
+    suite: type[WeightSyncSuite[S]],
+    model_dir: Path,
+    proxy: type[_LoaderProxy],
+    *,
+    bucket_bytes: int,
+) -> None:
+    """A verified sync through ``proxy`` (wrapped around a real engine) must fail and leave the
+    engine stale."""
     source = _trained_source(suite, steps=1)
     with suite.make_engine(model_dir, torch.float32) as engine:
         if "verifies_digest" not in suite.make_sync(1 << 20).capabilities.names():
             pytest.skip("sync lacks capability verifies_digest")
+        for name in proxy.needs:
+            if name not in engine.capabilities.names():
+                pytest.skip(f"{engine.name} engine lacks capability {name}")
         # a proxy, not a subclass: it forwards every other member to the real engine
-        corrupting = cast(RolloutEngine, CorruptInTransit(engine))
+        wrapped = cast(RolloutEngine, proxy(engine))
         with pytest.raises(WeightSyncError, match="differ"):
-            suite.make_sync(1 << 20).sync(source, corrupting, version=2)
+            suite.make_sync(bucket_bytes).sync(source, wrapped, version=2)
         assert engine.weights_version is None, "a failed sync left the engine looking fresh"
         with pytest.raises(StaleWeightsError):
             _greedy(engine)
@@ -244,9 +263,11 @@ def _sync_failing_source(suite: type[WeightSyncSuite[S]], model_dir: Path) -> No
             _greedy(engine)
 
 
-class CorruptInTransit:
-    """An engine proxy that perturbs the first tensor of every loaded batch, as a faulty
-    transport would; everything else is the real engine's."""
+class _LoaderProxy(abc.ABC):
+    """An engine proxy that wraps the loader of every ``weight_update``; everything else is the
+    real engine's. ``needs``: the engine capabilities the wrapping relies on."""
+
+    needs: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, engine: RolloutEngine) -> None:
         self._engine = engine
@@ -254,54 +275,38 @@ class CorruptInTransit:
     def __getattr__(self, name: str) -> object:
         return getattr(self._engine, name)
 
+    @abc.abstractmethod
+    def wrap(self, load: WeightLoader) -> WeightLoader: ...
+
     @contextmanager
     def _update(self, version: int) -> Iterator[WeightLoader]:
         with self._engine.weight_update(version) as load:
-
-            def corrupt(named_tensors: NamedTensors) -> None:
-                (name, first), *rest = named_tensors
-                load([(name, first + 1), *rest])
-
-            yield corrupt
+            yield self.wrap(load)
 
     def weight_update(self, version: int) -> AbstractContextManager[WeightLoader]:
         return self._update(version)
 
 
-def _sync_detects_misdirected_writes(suite: type[WeightSyncSuite[S]], model_dir: Path) -> None:
-    source = _trained_source(suite, steps=1)
-    with suite.make_engine(model_dir, torch.float32) as engine:
-        if "verifies_digest" not in suite.make_sync(1 << 20).capabilities.names():
-            pytest.skip("sync lacks capability verifies_digest")
-        if "loads_in_place" not in engine.capabilities.names():
-            pytest.skip(f"{engine.name} engine lacks capability loads_in_place")
-        misdirecting = cast(RolloutEngine, MisdirectInPlace(engine))
-        with pytest.raises(WeightSyncError, match="differ"):
-            suite.make_sync(4 * 1024).sync(source, misdirecting, version=2)
-        assert engine.weights_version is None, "a failed sync left the engine looking fresh"
-        with pytest.raises(StaleWeightsError):
-            _greedy(engine)
+class CorruptInTransit(_LoaderProxy):
+    """Perturbs the first tensor of every loaded batch, as a faulty transport would."""
+
+    def wrap(self, load: WeightLoader) -> WeightLoader:
+        def corrupt(named_tensors: NamedTensors) -> None:
+            (name, first), *rest = named_tensors
+            load([(name, first + 1), *rest])
+
+        return corrupt
 
 
-class MisdirectInPlace:
-    """An engine proxy whose in-place loader lends scratch tensors instead of the engine's
-    storage for the first bucket, as a loader that lent stale storage would: those writes never
-    reach the engine. Everything else is the real engine's."""
+class MisdirectInPlace(_LoaderProxy):
+    """Its in-place loader lends scratch tensors instead of the engine's storage for the first
+    bucket, as a loader that lent stale storage would: those writes never reach the engine."""
 
-    def __init__(self, engine: RolloutEngine) -> None:
-        self._engine = engine
+    needs = ("loads_in_place",)
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._engine, name)
-
-    @contextmanager
-    def _update(self, version: int) -> Iterator[WeightLoader]:
-        with self._engine.weight_update(version) as load:
-            assert isinstance(load, InPlaceWeightLoader)
-            yield _MisdirectingLoader(load)
-
-    def weight_update(self, version: int) -> AbstractContextManager[WeightLoader]:
-        return self._update(version)
+    def wrap(self, load: WeightLoader) -> WeightLoader:
+        assert isinstance(load, InPlaceWeightLoader)
+        return _MisdirectingLoader(load)
 
 
 class _MisdirectingLoader:
