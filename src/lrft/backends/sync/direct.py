@@ -8,8 +8,11 @@ engine (never one call per parameter). Verification compares the engine's digest
 stores with the digest of what was sent, after the cast to the engine's dtype; the sent
 digests are computed on the device as the buckets pass and read back once, after the last
 bucket, so the stream makes no host round trip per tensor or per bucket. Unverified, each bucket
-goes to the engine as gathered and is cast by the engine's copy; verified, it is first cast in one
-fused copy into a buffer laid out for the digest, which then needs no copy of its own.
+goes to the engine as gathered and is cast by the engine's copy. Verified, into an engine whose
+loader lends its storage (``InPlaceWeightLoader``), each bucket is cast straight into it and
+fingerprinted as it is written (``copy_with_digest``), and the sums are compared with the
+engine's on the device; into any other engine, it is first cast in one fused copy into a buffer
+laid out for the digest, which then needs no copy of its own, and the engine copies from there.
 """
 
 from __future__ import annotations
