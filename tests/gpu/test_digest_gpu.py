@@ -83,3 +83,19 @@ def test_copy_with_digest_on_cuda_many_tensors_and_rows() -> None:
     sums = out.cpu().tolist()
     got = {k: reference_digest(casts[k], (sums[int(k)][0], sums[int(k)][1])) for k in casts}
     assert got == tensor_digests(casts)
+
+
+def test_copy_with_digest_on_cuda_into_a_target_off_four_byte_alignment() -> None:
+    # The kernel reads the written words back as int32: a bf16 target at an odd element offset
+    # takes the copy-then-fingerprint path and must give the same result.
+    generator = torch.Generator().manual_seed(4)
+    source = torch.randn(5001, generator=generator)
+    backing = torch.zeros(5002, dtype=torch.bfloat16, device=DEVICE)
+    target = backing[1:]
+    assert target.data_ptr() % 4 == 2
+    out = torch.zeros((1, 2), dtype=torch.int64, device=DEVICE)
+    copy_with_digest([source.to(DEVICE)], [target], [0], out)
+    cast = source.to(torch.bfloat16)
+    assert torch.equal(target.cpu(), cast)
+    plain, weighted = out[0].tolist()
+    assert reference_digest(cast, (plain, weighted)) == tensor_digests({"t": cast})["t"]

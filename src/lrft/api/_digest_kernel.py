@@ -1,10 +1,14 @@
-"""The row reduction of :mod:`lrft.api.digest` as one Triton kernel, for CUDA tensors.
+"""The digest's CUDA kernels, in Triton: the row reduction of :mod:`lrft.api.digest`, and the
+copy that fingerprints what it writes (``copy_with_digest``).
 
-One program per row: it reads the row's words once, masks the bytes past its tensor's end only
-in a tensor's last row, and writes the row's plain and weighted sums (the weighted one already
-shifted by the row's place in its tensor). Elementwise torch ops would widen every word to int64
-in memory and reread it per sum, and a compiled function costs more host time per call than the
-kernel takes on a bucket.
+The row reduction runs one program per row: it reads the row's words once, masks the bytes
+past its tensor's end only in a tensor's last row, and writes the row's plain and weighted sums
+(the weighted one already shifted by the row's place in its tensor). Elementwise torch ops would
+widen every word to int64 in memory and reread it per sum, and a compiled function costs more
+host time per call than the kernel takes on a bucket.
+
+The copy runs a few rows per program: each row is cast and written, then its words are read
+back and summed like the reduction's; a second kernel adds up each tensor's rows.
 """
 
 from __future__ import annotations
@@ -50,48 +54,57 @@ def row_sums(words: torch.Tensor, valid: torch.Tensor, offset: torch.Tensor) -> 
 def _copy_rows_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel's arguments are pointers and constexprs
     table,
     partial,
+    total,
     WORDS: tl.constexpr,
     PER_WORD: tl.constexpr,
     SOURCE: tl.constexpr,
     TARGET: tl.constexpr,
-    BITS: tl.constexpr,
     SEARCH: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    # The entry this row belongs to: the last one whose first row is at most `row`. A binary
-    # search over the table costs a few cached loads; a per-row table would cost kernels and
-    # host time per bucket.
+    first_row = tl.program_id(0).to(tl.int64) * ROWS
+    # The entry of the program's first row: the last one whose first row is at most it. A
+    # binary search over the table costs a few cached loads, once per program; a per-row table
+    # would cost kernels and host time per bucket.
     lower = tl.zeros([], tl.int64)
     upper = tl.full([], 1 << SEARCH, tl.int64)
     for _ in tl.static_range(SEARCH):
         middle = (lower + upper) // 2
-        right = tl.load(table + 5 * middle) <= row
+        right = tl.load(table + 5 * middle) <= first_row
         lower = tl.where(right, middle, lower)
         upper = tl.where(right, upper, middle)
-    entry = table + 5 * lower
-    within = row - tl.load(entry)
-    source = tl.load(entry + 1).to(tl.pointer_type(SOURCE))
-    target = tl.load(entry + 2).to(tl.pointer_type(TARGET))
-    numel = tl.load(entry + 3)
+    current = lower
+    ELEMENTS: tl.constexpr = WORDS * PER_WORD
     column = tl.arange(0, WORDS)
-    # The row as a (WORDS, PER_WORD) tile: the elements of word p side by side, so that the
-    # words come out of the values written without moving them between threads.
-    part = tl.arange(0, PER_WORD)
-    index = within * (WORDS * PER_WORD) + PER_WORD * column[:, None] + part[None, :]
-    kept = index < numel
-    value = tl.load(source + index, mask=kept, other=0).to(TARGET)
-    tl.store(target + index, value, mask=kept)
-    # Elements past the end are 0 here: the definition's zero padding.
-    bits = value.to(BITS, bitcast=True).to(tl.int32)
-    if PER_WORD == 2:
-        # Little-endian: element 2p is the word's low half. The halves' bits are disjoint, so
-        # their int32 sum is the word.
-        bits = (bits & 0xFFFF) << (16 * part[None, :])
-    word = tl.sum(bits, axis=1).to(tl.int64)
-    plain = tl.sum(word, axis=0)
-    local = tl.sum(word * (2 * column.to(tl.int64) + 1), axis=0)
-    tl.store(partial + 2 * row, plain)
-    tl.store(partial + 2 * row + 1, local + within * (2 * WORDS) * plain)
+    for step in tl.static_range(ROWS):
+        row = first_row + step
+        if row < total:
+            # Every entry has a row, so the next row is in this entry or the next one.
+            current = tl.where(tl.load(table + 5 * (current + 1)) <= row, current + 1, current)
+            entry = table + 5 * current
+            within = row - tl.load(entry)
+            source = tl.load(entry + 1).to(tl.pointer_type(SOURCE))
+            target = tl.load(entry + 2)
+            numel = tl.load(entry + 3)
+            index = within * ELEMENTS + tl.arange(0, ELEMENTS)
+            kept = index < numel
+            value = tl.load(source + index, mask=kept, other=0).to(TARGET)
+            tl.store(target.to(tl.pointer_type(TARGET)) + index, value, mask=kept)
+            # The row's words read back from where they were written, once every thread of the
+            # program has written (the values' bytes, as the engine will hold them), masked past
+            # the tensor's end as the digest kernel masks.
+            tl.debug_barrier()
+            valid = (numel - within * ELEMENTS) * (4 // PER_WORD)
+            words = target.to(tl.pointer_type(tl.int32)) + within * WORDS + column
+            word = tl.load(words, mask=4 * column < valid, other=0).to(tl.int64)
+            if valid < 4 * WORDS:
+                cut = tl.minimum(tl.maximum(valid - 4 * column, 0), 4)
+                low = word & ((tl.full([WORDS], 1, tl.int64) << (8 * cut)) - 1)
+                word = tl.where(cut == 4, word, low)
+            plain = tl.sum(word, axis=0)
+            local = tl.sum(word * (2 * column.to(tl.int64) + 1), axis=0)
+            tl.store(partial + 2 * row, plain)
+            tl.store(partial + 2 * row + 1, local + within * (2 * WORDS) * plain)
 
 
 @triton.jit  # type: ignore[untyped-decorator, unused-ignore]  # Triton is untyped
@@ -115,14 +128,17 @@ def _entry_sums_kernel(table, partial, out, ROW_ELEMENTS: tl.constexpr, BLOCK: t
 
 
 _TRITON_DTYPES = {
-    torch.float32: (tl.float32, tl.int32),
-    torch.bfloat16: (tl.bfloat16, tl.int16),
-    torch.float16: (tl.float16, tl.int16),
+    torch.float32: tl.float32,
+    torch.bfloat16: tl.bfloat16,
+    torch.float16: tl.float16,
 }
-# Measured on an H200 (fp32 into bf16, W1's and the 1.5B model's tensors): rows of 2048 words
-# with 4 warps ran 1.07 and 3.61 ms, 4096 words with 8 warps 1.28 and 4.39 ms.
-COPY_WORDS = 2048
+# Measured on an H200, fp32 into bf16, kernels alone on W1's and the 1.5B model's tensors:
+# rows of 1024 words, 4 rows per program and 4 warps ran 0.63 and 2.44 ms, under the 0.77 and
+# 2.74 ms of torch._foreach_copy_; the best of the variants that took each word from the
+# registers as it was written (with no re-read) ran 0.75 and 2.86 ms.
+COPY_WORDS = 1024
 """Words per row of :func:`copy_sums` (any length gives the same sums)."""
+_ROWS_PER_PROGRAM = 4
 _COPY_WARPS = 4
 COPY_DTYPES = frozenset(_TRITON_DTYPES)
 """The source and target dtypes :func:`copy_sums` takes."""
@@ -131,32 +147,33 @@ COPY_DTYPES = frozenset(_TRITON_DTYPES)
 def copy_sums(table: CopyTable, out: torch.Tensor) -> None:
     """Copies each tensor of ``table`` from its source to its target address (cast to the
     target dtype) and adds the fingerprint sums of the values written to ``out[position]``
-    (``(k, 2)`` int64), in two kernels (one per row, one per tensor). The caller checked every tensor: contiguous, on
-    ``out``'s CUDA device, of the table's dtypes (both in :data:`COPY_DTYPES`)."""
+    (``(k, 2)`` int64), in two kernels (one per row, one per tensor). The caller checked every
+    tensor: contiguous, on ``out``'s CUDA device, of the table's dtypes (both in
+    :data:`COPY_DTYPES`), its target 4-byte aligned."""
     if not table.rows:
         return
-    facts = table.facts
-    count = len(facts) // 5
+    count = len(table.facts) // 5
     search = max(1, (count - 1).bit_length())
-    # The search may probe up to entry 2**search - 1: entries past the last start beyond every row.
-    padded = array("q", facts)
-    padded.extend([1 << 62, 0, 0, 0, 0] * ((1 << search) - count))
+    padded = array("q", table.facts)
+    # Entries past the last start after every row: the search probes up to entry
+    # 2**search - 1, the step to a row's next entry up to entry `count`.
+    padded.extend([1 << 62, 0, 0, 0, 0] * (max(1 << search, count + 1) - count))
     # Pinned and non-blocking: the table is queued behind the kernels before it, no host sync.
     # (An array becomes a tensor without a Python step per value.)
     host = torch.frombuffer(padded, dtype=torch.int64).pin_memory()
     on_device = host.to(out.device, non_blocking=True)
-    target, bits = _TRITON_DTYPES[table.target]
     per_word = 4 // table.target.itemsize
     partial = torch.empty((table.rows, 2), dtype=torch.int64, device=out.device)
-    _copy_rows_kernel[(table.rows,)](
+    _copy_rows_kernel[(-(-table.rows // _ROWS_PER_PROGRAM),)](
         on_device,
         partial,
+        table.rows,
         WORDS=table.words,
         PER_WORD=per_word,
-        SOURCE=_TRITON_DTYPES[table.source][0],
-        TARGET=target,
-        BITS=bits,
+        SOURCE=_TRITON_DTYPES[table.source],
+        TARGET=_TRITON_DTYPES[table.target],
         SEARCH=search,
+        ROWS=_ROWS_PER_PROGRAM,
         num_warps=_COPY_WARPS,
     )
     _entry_sums_kernel[(count,)](
