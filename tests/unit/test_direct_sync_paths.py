@@ -1,0 +1,113 @@
+"""The direct sync's two verified paths on the CPU: into an engine that loads in place (the hf
+engine) each bucket is written straight into the lent storage, never through the engine's batch
+copy; through a loader that lends nothing it takes the digest-buffer path. Both leave the same
+weights (torch's casts of what was sent) and report the same digest, the combined fingerprint of
+those casts computed independently by ``tensor_digests``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import cast
+
+import pytest
+import torch
+
+from lrft.api import InPlaceWeightLoader, RolloutEngine, WeightLoader, combine_digests
+from lrft.api.digest import tensor_digests
+from lrft.api.protocols import NamedTensors
+from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
+from lrft.backends.sync import DirectSync
+from lrft.testing.models import tiny_causal_lm
+
+
+class _Weights:
+    """A ``WeightSource`` over fixed tensors, in buckets of at most ``bucket_bytes``."""
+
+    def __init__(self, named: dict[str, torch.Tensor]) -> None:
+        self.named = named
+
+    def full_weights(
+        self, bucket_bytes: int, *, gather_dtype: torch.dtype | None = None
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        bucket: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in self.named.items():
+            nbytes = tensor.numel() * tensor.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+            bucket.append((name, tensor))
+            size += nbytes
+        if bucket:
+            yield bucket
+
+
+class _LendsNothing:
+    """The engine, with its loader reduced to a plain function (no storage lent)."""
+
+    def __init__(self, engine: RolloutEngine) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._engine, name)
+
+    @contextmanager
+    def _update(self, version: int) -> Iterator[WeightLoader]:
+        with self._engine.weight_update(version) as load:
+
+            def plain(named_tensors: NamedTensors) -> None:
+                load(named_tensors)
+
+            yield plain
+
+    def weight_update(self, version: int) -> AbstractContextManager[WeightLoader]:
+        return self._update(version)
+
+
+@pytest.fixture
+def source() -> _Weights:
+    trained = tiny_causal_lm(3)
+    return _Weights({n: p.detach().clone() for n, p in trained.named_parameters()})
+
+
+def _engine() -> HFRolloutEngine:
+    config = HFEngineConfig(dtype=torch.bfloat16, device=torch.device("cpu"))
+    return HFRolloutEngine(tiny_causal_lm(0), config=config)
+
+
+def _held(engine: HFRolloutEngine) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in engine.model.named_parameters()}
+
+
+def test_a_verified_sync_writes_in_place_and_reports_the_casts_digest(
+    source: _Weights, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = _engine()
+    with engine.weight_update(0) as load:
+        assert isinstance(load, InPlaceWeightLoader)
+
+    def no_batch_copy(batch: list[tuple[str, torch.Tensor]]) -> None:
+        raise AssertionError(f"the engine's batch copy ran for {len(batch)} tensors")
+
+    monkeypatch.setattr(engine, "_copy", no_batch_copy)
+    report = DirectSync(bucket_bytes=4 * 1024).sync(source, engine, version=3)
+    casts = {name: tensor.to(torch.bfloat16) for name, tensor in source.named.items()}
+    held = _held(engine)
+    assert all(torch.equal(held[name], value) for name, value in casts.items())
+    assert engine.weights_version == 3
+    assert report.verified
+    assert report.buckets > 1
+    assert report.digest == combine_digests(tensor_digests(casts))
+
+
+def test_a_verified_sync_through_a_plain_loader_agrees(source: _Weights) -> None:
+    in_place, plain = _engine(), _engine()
+    first = DirectSync(bucket_bytes=4 * 1024).sync(source, in_place, version=1)
+    second = DirectSync(bucket_bytes=4 * 1024).sync(
+        source, cast(RolloutEngine, _LendsNothing(plain)), version=1
+    )
+    assert first.digest == second.digest
+    assert plain.weights_version == 1
+    held_in_place, held_plain = _held(in_place), _held(plain)
+    assert all(torch.equal(held_in_place[name], held_plain[name]) for name in held_plain)
