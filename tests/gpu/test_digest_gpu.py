@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lrft.api.digest import DigestPlan, copy_with_digest, tensor_digests
+from lrft.api.digest import CopyPlan, DigestBuffer, DigestPlan, copy_with_digest, tensor_digests
 from tests.unit.test_api_digest import (
     ROW_BYTES,
     cases,
@@ -99,3 +99,29 @@ def test_copy_with_digest_on_cuda_into_a_target_off_four_byte_alignment() -> Non
     assert torch.equal(target.cpu(), cast)
     plain, weighted = out[0].tolist()
     assert reference_digest(cast, (plain, weighted)) == tensor_digests({"t": cast})["t"]
+
+
+def test_a_copy_plan_on_cuda_runs_again_with_new_values_and_refuses_moved_tensors() -> None:
+    generator = torch.Generator().manual_seed(6)
+    sources = [torch.randn(n, generator=generator).to(DEVICE) for n in (5, 70_001, 3)]
+    buffer = DigestBuffer([((s.numel(),), torch.bfloat16) for s in sources], DEVICE)
+    positions = [2, 0, 1]
+    plan = CopyPlan(sources, buffer.views, positions, DEVICE)
+    for round_ in range(2):
+        for source in sources:
+            source.mul_(-1.5)  # new values at the same addresses
+        assert plan.matches(sources, buffer.views, positions)
+        out = torch.zeros((3, 2), dtype=torch.int64, device=DEVICE)
+        plan.run(sources, buffer.views, out)
+        casts = {
+            str(p): s.cpu().to(torch.bfloat16) for p, s in zip(positions, sources, strict=True)
+        }
+        assert all(
+            torch.equal(v.cpu(), casts[str(p)])
+            for p, v in zip(positions, buffer.views, strict=True)
+        ), round_
+        sums = out.cpu().tolist()
+        got = {k: reference_digest(c, (sums[int(k)][0], sums[int(k)][1])) for k, c in casts.items()}
+        assert got == tensor_digests(casts), round_
+    assert not plan.matches([s.clone() for s in sources], buffer.views, positions)
+    assert not plan.matches(sources, buffer.views, [0, 1, 2])

@@ -7,9 +7,10 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from lrft.api import tensor_digest
+from lrft.api import combine_digests, tensor_digest
 from lrft.api.digest import (
     ROW_WORDS,
+    CombinedDigest,
     DigestBuffer,
     PendingDigests,
     copy_with_digest,
@@ -214,6 +215,24 @@ def test_copy_with_digest_refuses_a_shape_mismatch_naming_it() -> None:
     out = torch.zeros((1, 2), dtype=torch.int64)
     with pytest.raises(ValueError, match=r"source 0 has shape \(3,\), its target \(4,\)"):
         copy_with_digest([torch.zeros(3)], [torch.zeros(4)], [0], out)
+
+
+def test_a_combined_digest_prepared_once_equals_combining_the_formatted_digests() -> None:
+    generator = torch.Generator().manual_seed(12)
+    tensors = {
+        "z.weight": torch.randn(3, 5, generator=generator).to(torch.bfloat16),
+        "a.bias": torch.randn(7, generator=generator),
+        "m.scale": torch.tensor(1.5, dtype=torch.float16),
+        "b.empty": torch.empty(0, 2),
+    }
+    names = list(tensors)
+    specs = list(tensors.values())
+    combined = CombinedDigest(names, specs)
+    for _ in range(2):  # the same layout, other sums
+        sums = digest_sums_many(specs)
+        assert combined.of(sums) == combine_digests(tensor_digests(tensors))
+        for tensor in specs:
+            tensor.add_(1)
 
 
 def test_a_digest_buffer_rejects_a_wrong_number_of_names() -> None:

@@ -111,3 +111,24 @@ def test_a_verified_sync_through_a_plain_loader_agrees(source: _Weights) -> None
     assert plain.weights_version == 1
     held_in_place, held_plain = _held(in_place), _held(plain)
     assert all(torch.equal(held_in_place[name], held_plain[name]) for name in held_plain)
+
+
+def test_a_repeated_sync_loads_the_new_values_also_after_the_storage_moved(
+    source: _Weights,
+) -> None:
+    # One DirectSync keeps a copy plan per bucket: reused when the tensors are where they were
+    # (new values at the same addresses), made again when the engine's storage moved.
+    engine, sync = _engine(), DirectSync(bucket_bytes=4 * 1024)
+    sync.sync(source, engine, version=1)
+    for step in (2, 3):
+        if step == 3:
+            engine.sleep(2)  # the weights are released: waking allocates a new buffer
+            engine.wake()
+        for tensor in source.named.values():
+            tensor.mul_(-0.5).add_(step)  # new values at the same addresses
+        report = sync.sync(source, engine, version=step)
+        casts = {name: tensor.to(torch.bfloat16) for name, tensor in source.named.items()}
+        held = _held(engine)
+        assert all(torch.equal(held[name], value) for name, value in casts.items()), step
+        assert report.digest == combine_digests(tensor_digests(casts))
+        assert engine.weights_version == step

@@ -14,6 +14,7 @@ back and summed like the reduction's; a second kernel adds up each tensor's rows
 from __future__ import annotations
 
 from array import array
+from typing import NamedTuple
 
 import torch
 import triton  # type: ignore[import-not-found, unused-ignore]  # CUDA builds of torch ship it; nothing else imports this
@@ -137,21 +138,30 @@ _TRITON_DTYPES = {
 # 2.74 ms of torch._foreach_copy_; the best of the variants that took each word from the
 # registers as it was written (with no re-read) ran 0.75 and 2.86 ms.
 COPY_WORDS = 1024
-"""Words per row of :func:`copy_sums` (any length gives the same sums)."""
+"""Words per row of the copy kernels (any length gives the same sums)."""
 _ROWS_PER_PROGRAM = 4
 _COPY_WARPS = 4
 COPY_DTYPES = frozenset(_TRITON_DTYPES)
-"""The source and target dtypes :func:`copy_sums` takes."""
+"""The source and target dtypes the copy kernels take."""
 
 
-def copy_sums(table: CopyTable, out: torch.Tensor) -> None:
-    """Copies each tensor of ``table`` from its source to its target address (cast to the
-    target dtype) and adds the fingerprint sums of the values written to ``out[position]``
-    (``(k, 2)`` int64), in two kernels (one per row, one per tensor). The caller checked every
-    tensor: contiguous, on ``out``'s CUDA device, of the table's dtypes (both in
+class PreparedCopy(NamedTuple):
+    """A :class:`CopyTable` on the device, with what its launches need."""
+
+    table: torch.Tensor
+    rows: int
+    entries: int
+    search: int
+    words: int
+    per_word: int
+    source: object  # the Triton dtypes
+    target: object
+
+
+def prepare_copy(table: CopyTable, device: torch.device) -> PreparedCopy:
+    """The table of :func:`launch_copy` on ``device``. Every tensor in it was checked by the
+    caller: contiguous, on ``device`` (CUDA), of the table's dtypes (both in
     :data:`COPY_DTYPES`), its target 4-byte aligned."""
-    if not table.rows:
-        return
     count = len(table.facts) // 5
     search = max(1, (count - 1).bit_length())
     padded = array("q", table.facts)
@@ -161,21 +171,42 @@ def copy_sums(table: CopyTable, out: torch.Tensor) -> None:
     # Pinned and non-blocking: the table is queued behind the kernels before it, no host sync.
     # (An array becomes a tensor without a Python step per value.)
     host = torch.frombuffer(padded, dtype=torch.int64).pin_memory()
-    on_device = host.to(out.device, non_blocking=True)
-    per_word = 4 // table.target.itemsize
-    partial = torch.empty((table.rows, 2), dtype=torch.int64, device=out.device)
-    _copy_rows_kernel[(-(-table.rows // _ROWS_PER_PROGRAM),)](
-        on_device,
+    return PreparedCopy(
+        table=host.to(device, non_blocking=True),
+        rows=table.rows,
+        entries=count,
+        search=search,
+        words=table.words,
+        per_word=4 // table.target.itemsize,
+        source=_TRITON_DTYPES[table.source],
+        target=_TRITON_DTYPES[table.target],
+    )
+
+
+def launch_copy(prepared: PreparedCopy, out: torch.Tensor) -> None:
+    """Copies each tensor of the table from its source to its target address (cast to the
+    target dtype) and adds the fingerprint sums of the values written to ``out[position]``
+    (``(k, 2)`` int64 on the table's device), in two kernels (one per row, one per tensor)."""
+    if not prepared.rows:
+        return
+    partial = torch.empty((prepared.rows, 2), dtype=torch.int64, device=out.device)
+    _copy_rows_kernel[(-(-prepared.rows // _ROWS_PER_PROGRAM),)](
+        prepared.table,
         partial,
-        table.rows,
-        WORDS=table.words,
-        PER_WORD=per_word,
-        SOURCE=_TRITON_DTYPES[table.source],
-        TARGET=_TRITON_DTYPES[table.target],
-        SEARCH=search,
+        prepared.rows,
+        WORDS=prepared.words,
+        PER_WORD=prepared.per_word,
+        SOURCE=prepared.source,
+        TARGET=prepared.target,
+        SEARCH=prepared.search,
         ROWS=_ROWS_PER_PROGRAM,
         num_warps=_COPY_WARPS,
     )
-    _entry_sums_kernel[(count,)](
-        on_device, partial, out, ROW_ELEMENTS=table.words * per_word, BLOCK=256, num_warps=4
+    _entry_sums_kernel[(prepared.entries,)](
+        prepared.table,
+        partial,
+        out,
+        ROW_ELEMENTS=prepared.words * prepared.per_word,
+        BLOCK=256,
+        num_warps=4,
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -138,9 +138,11 @@ class CopyTable:
 
 
 class CopyKernel(NamedTuple):
-    """The fused copy-and-fingerprint kernel and the dtypes it takes."""
+    """The fused copy-and-fingerprint kernels: ``prepare`` moves a :class:`CopyTable` to the
+    device, ``launch`` runs the copy it describes; and the dtypes and row length they take."""
 
-    run: Callable[[CopyTable, torch.Tensor], None]
+    prepare: Callable[[CopyTable, torch.device], object]
+    launch: Callable[[Any, torch.Tensor], None]
     dtypes: frozenset[torch.dtype]
     words: int
 
@@ -148,10 +150,10 @@ class CopyKernel(NamedTuple):
 @functools.cache
 def copy_kernel() -> CopyKernel | None:
     try:
-        from lrft.api._digest_kernel import COPY_DTYPES, COPY_WORDS, copy_sums
+        from lrft.api._digest_kernel import COPY_DTYPES, COPY_WORDS, launch_copy, prepare_copy
     except ImportError:  # a torch build without Triton: copy, then fingerprint the copies
         return None
-    return CopyKernel(copy_sums, COPY_DTYPES, COPY_WORDS)
+    return CopyKernel(prepare_copy, launch_copy, COPY_DTYPES, COPY_WORDS)
 
 
 def _unmasked_row_sums(words: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

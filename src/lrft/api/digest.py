@@ -83,48 +83,111 @@ def copy_with_digest(
     device, zero where nothing was added yet), without a host sync.
 
     This is how a weight sync writes straight into an engine's storage and still knows what it
-    sent. On CUDA, contiguous floating-point tensors go through one Triton kernel per pair of
-    dtypes that reads each source once and fingerprints the values in registers as it writes
-    them: the copy's traffic and no more. Anything else is copied and then fingerprinted from
-    the targets.
+    sent. On CUDA, contiguous floating-point tensors go through Triton kernels (one launch per
+    pair of dtypes, and one to add up each tensor's rows) that cast and write each row, then
+    read its words back and sum them: the copy's traffic and a re-read of what it wrote.
+    Anything else is copied and then fingerprinted from the targets. :class:`CopyPlan` does
+    the same for a list of tensors copied again and again.
     """
-    # One pass over the tensors that checks them and writes the kernel's table as it goes:
-    # this runs per tensor per sync, so it reads each tensor's properties once.
-    device = out.get_device()  # -1 on the host
-    kernel = copy_kernel() if device >= 0 else None
-    tables: dict[tuple[torch.dtype, torch.dtype], CopyTable] = {}
-    rest: list[int] = []
-    for i, (source, target) in enumerate(zip(sources, targets, strict=True)):
-        if source.shape != target.shape:
-            raise ValueError(
-                f"copy_with_digest: source {i} has shape {tuple(source.shape)}, its target "
-                f"{tuple(target.shape)}"
-            )
-        if kernel is not None:
-            pair = (source.dtype, target.dtype)
-            table = tables.get(pair)
-            if table is None and pair[0] in kernel.dtypes and pair[1] in kernel.dtypes:
-                table = tables[pair] = CopyTable(pair[0], pair[1], kernel.words)
-            if (
-                table is not None
-                and source.get_device() == device
-                and target.get_device() == device
-                and source.is_contiguous()
-                and target.is_contiguous()
-            ):
-                address = target.data_ptr()
-                if address % 4 == 0:  # the kernel reads the written words back as int32
-                    table.add(source.data_ptr(), address, target.numel(), positions[i])
-                    continue
-        rest.append(i)
-    if kernel is not None:
-        for table in tables.values():
-            kernel.run(table, out)
-    if rest:
-        written = [targets[i] for i in rest]
-        torch._foreach_copy_(written, [sources[i] for i in rest])
-        index = torch.tensor([positions[i] for i in rest], dtype=torch.int64)
-        out.index_add_(0, index.to(out.device), digest_sums_many(written))
+    CopyPlan(sources, targets, positions, out.device).run(sources, targets, out)
+
+
+class CopyPlan:
+    """:func:`copy_with_digest` of one list of tensors, prepared for being run again: the
+    checks of every tensor and the kernels' tables on the device are made once.
+
+    A plan refers to its tensors by address. :meth:`matches` says whether other lists (the same
+    tensors, or new ones at the same addresses with the same dtypes, sizes and layout) may run
+    through it; a weight sync keeps a plan per bucket and checks it so, which costs a few
+    property reads per tensor instead of the checks and a table transfer per bucket.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[torch.Tensor],
+        targets: Sequence[torch.Tensor],
+        positions: Sequence[int],
+        device: torch.device,
+    ) -> None:
+        self.device = device
+        self._key = _copy_key(sources, targets, positions)
+        # One pass over the tensors that checks them and writes the kernels' tables as it goes.
+        index = device.index if device.type == "cuda" else None
+        kernel = copy_kernel() if index is not None else None
+        tables: dict[tuple[torch.dtype, torch.dtype], CopyTable] = {}
+        self._rest: list[int] = []
+        for i, (source, target) in enumerate(zip(sources, targets, strict=True)):
+            if source.shape != target.shape:
+                raise ValueError(
+                    f"copy_with_digest: source {i} has shape {tuple(source.shape)}, its target "
+                    f"{tuple(target.shape)}"
+                )
+            if kernel is not None:
+                pair = (source.dtype, target.dtype)
+                table = tables.get(pair)
+                if table is None and pair[0] in kernel.dtypes and pair[1] in kernel.dtypes:
+                    table = tables[pair] = CopyTable(pair[0], pair[1], kernel.words)
+                if (
+                    table is not None
+                    and source.get_device() == index
+                    and target.get_device() == index
+                    and source.is_contiguous()
+                    and target.is_contiguous()
+                ):
+                    address = target.data_ptr()
+                    if address % 4 == 0:  # the kernel reads the written words back as int32
+                        table.add(source.data_ptr(), address, target.numel(), positions[i])
+                        continue
+            self._rest.append(i)
+        self._launch = kernel.launch if kernel is not None else None
+        self._prepared = [
+            kernel.prepare(table, device)
+            for table in tables.values()
+            if kernel is not None and table.rows
+        ]
+        self._rest_positions = (
+            torch.tensor([positions[i] for i in self._rest], dtype=torch.int64).to(device)
+            if self._rest
+            else None
+        )
+
+    def matches(
+        self,
+        sources: Sequence[torch.Tensor],
+        targets: Sequence[torch.Tensor],
+        positions: Sequence[int],
+    ) -> bool:
+        """Whether these lists may run through this plan: every tensor at the address, of the
+        dtype, size, layout and device it was prepared for, and the same positions."""
+        return _copy_key(sources, targets, positions) == self._key
+
+    def run(
+        self,
+        sources: Sequence[torch.Tensor],
+        targets: Sequence[torch.Tensor],
+        out: torch.Tensor,
+    ) -> None:
+        """The copy and the sums into ``out`` (on the plan's device), for the lists the plan
+        was made from or that :meth:`matches` accepted."""
+        if out.device != self.device:
+            raise ValueError(f"CopyPlan for {self.device} run with out on {out.device}")
+        if self._launch is not None:
+            for prepared in self._prepared:
+                self._launch(prepared, out)
+        if self._rest_positions is not None:
+            written = [targets[i] for i in self._rest]
+            torch._foreach_copy_(written, [sources[i] for i in self._rest])
+            out.index_add_(0, self._rest_positions, digest_sums_many(written))
+
+
+def _copy_key(
+    sources: Sequence[torch.Tensor], targets: Sequence[torch.Tensor], positions: Sequence[int]
+) -> tuple[list[int], list[tuple[object, ...]], list[tuple[object, ...]]]:
+    return (
+        list(positions),
+        [(s.data_ptr(), s.dtype, s.numel(), s.is_contiguous(), s.get_device()) for s in sources],
+        [(t.data_ptr(), t.dtype, t.numel(), t.is_contiguous(), t.get_device()) for t in targets],
+    )
 
 
 class DigestPlan:
@@ -267,6 +330,28 @@ def format_digests(
         name: f"{_header(tuple(spec.shape), spec.dtype)}:{digits[32 * i : 32 * i + 32]}"
         for i, (name, spec) in enumerate(zip(names, specs, strict=True))
     }
+
+
+class CombinedDigest:
+    """``combine_digests(format_digests(names, specs, sums))`` for fixed names and specs, with
+    the names' order and every line's text but the sums prepared once: a weight sync reports
+    the combined digest of the same tensors after every sync."""
+
+    def __init__(self, names: Sequence[str], specs: Sequence[_HasShapeAndDtype]) -> None:
+        self.specs = list(specs)
+        self._order = sorted(range(len(names)), key=names.__getitem__)
+        self._prefixes = [
+            f"{names[i]}={_header(tuple(specs[i].shape), specs[i].dtype)}:" for i in self._order
+        ]
+
+    def of(self, sums: torch.Tensor) -> str:
+        """The combined digest of tensors whose ``(len(names), 2)`` sums are ``sums``."""
+        digits = sums.to("cpu").numpy().astype(">i8").tobytes().hex()
+        lines = [
+            f"{prefix}{digits[32 * i : 32 * i + 32]}\n"
+            for prefix, i in zip(self._prefixes, self._order, strict=True)
+        ]
+        return hashlib.sha256("".join(lines).encode()).hexdigest()[:32]
 
 
 @functools.lru_cache(maxsize=4096)

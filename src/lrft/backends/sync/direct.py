@@ -10,13 +10,15 @@ digests are computed on the device as the buckets pass and read back once, after
 bucket, so the stream makes no host round trip per tensor or per bucket. Unverified, each bucket
 goes to the engine as gathered and is cast by the engine's copy. Verified, into an engine whose
 loader lends its storage (``InPlaceWeightLoader``), each bucket is cast straight into it and
-fingerprinted as it is written (``copy_with_digest``), and the sums are compared with the
-engine's on the device; into any other engine, it is first cast in one fused copy into a buffer
-laid out for the digest, which then needs no copy of its own, and the engine copies from there.
+fingerprinted as it is written (``copy_with_digest``, through a ``CopyPlan`` kept per bucket),
+and the sums are compared with the engine's on the device; into any other engine, it is first
+cast in one fused copy into a buffer laid out for the digest, which then needs no copy of its
+own, and the engine copies from there.
 """
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable, Iterable, Mapping
 
@@ -25,10 +27,11 @@ import torch
 
 from lrft.api.capabilities import SyncCapabilities
 from lrft.api.digest import (
+    CombinedDigest,
+    CopyPlan,
     DigestBuffer,
     PendingDigests,
     combine_digests,
-    copy_with_digest,
     format_digests,
 )
 from lrft.api.errors import WeightSyncError
@@ -36,6 +39,7 @@ from lrft.api.protocols import InPlaceWeightLoader, RolloutEngine, WeightLoader,
 from lrft.api.types import EnginePart, SyncReport, TensorSpec, WeightsResidency
 
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
+_MAX_PLANS = 4096
 
 
 def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -59,6 +63,15 @@ class DirectSync:
     bucket_bytes: int = attrs.field(default=DEFAULT_BUCKET_BYTES, validator=_positive)
     verify: bool = True
     name_map: Callable[[str], str] = _identity
+    # Writing in place, the copy plan of each bucket (by its names), checked before each reuse:
+    # a trainer syncs the same buckets from the same addresses step after step.
+    _plans: dict[tuple[str, ...], CopyPlan] = attrs.field(
+        factory=dict, init=False, repr=False, eq=False
+    )
+    # and the layout of the report's combined digest, per engine weight order
+    _reports: dict[tuple[str, ...], CombinedDigest] = attrs.field(
+        factory=dict, init=False, repr=False, eq=False
+    )
 
     @property
     def capabilities(self) -> SyncCapabilities:
@@ -79,12 +92,18 @@ class DirectSync:
         dtypes = {spec.dtype for spec in specs.values()}
         gather_dtype = dtypes.pop() if len(dtypes) == 1 else None
         with engine.weight_update(version) as load:
-            stream = _Stream(specs=specs, name_map=self.name_map, verify=self.verify)
+            stream = _Stream(
+                specs=specs,
+                name_map=self.name_map,
+                verify=self.verify,
+                plans=self._plans,
+                reports=self._reports,
+            )
             if self.verify and isinstance(load, InPlaceWeightLoader):
                 stream.write_in_place(load)
             stream.run(source.full_weights(self.bucket_bytes, gather_dtype=gather_dtype), load)
             stream.check_complete()
-            sent = stream.verify_engine(engine) if self.verify else {}
+            digest = stream.verify_engine(engine) if self.verify else ""
         return SyncReport(
             version=version,
             tensors=len(stream.sent_bytes),
@@ -92,7 +111,7 @@ class DirectSync:
             buckets=stream.buckets,
             seconds=time.perf_counter() - start,
             verified=self.verify,
-            digest=combine_digests(sent) if self.verify else "",
+            digest=digest,
         )
 
 
@@ -101,6 +120,8 @@ class _Stream:
     specs: Mapping[str, TensorSpec]
     name_map: Callable[[str], str]
     verify: bool
+    plans: dict[tuple[str, ...], CopyPlan]
+    reports: dict[tuple[str, ...], CombinedDigest]
     sent_bytes: dict[str, int] = attrs.field(factory=dict)
     # Queued on the device bucket by bucket and read back once at the end: a host sync per
     # tensor (or per bucket) would stall the stream of gathers and copies.
@@ -148,7 +169,13 @@ class _Stream:
                     (len(self.positions), 2), dtype=torch.int64, device=targets[0].device
                 )
             positions = [self.positions[name] for name in names]
-            copy_with_digest(tensors, targets, positions, self.sent_sums)
+            key = tuple(names)
+            plan = self.plans.get(key)
+            if plan is None or not plan.matches(tensors, targets, positions):
+                if len(self.plans) >= _MAX_PLANS:
+                    self.plans.clear()  # a source whose buckets never repeat
+                plan = self.plans[key] = CopyPlan(tensors, targets, positions, targets[0].device)
+            plan.run(tensors, targets, self.sent_sums)
         else:
             # The cast must exist to be fingerprinted, so it is written, in one fused copy,
             # into a buffer laid out for digests; the engine then copies from it.
@@ -193,21 +220,25 @@ class _Stream:
                 f"{missing[:5]}: the engine would serve a mix of old and new weights"
             )
 
-    def verify_engine(self, engine: RolloutEngine) -> dict[str, str]:
-        """Compares what the engine holds with what was sent; the sent digests, by name."""
+    def verify_engine(self, engine: RolloutEngine) -> str:
+        """Compares what the engine holds with what was sent; the combined digest of what was
+        sent, for the report."""
         if self.in_place is None:
             sent = self.sent_digests.resolve()
             _verify(sent, engine.weights_digest())
-            return sent
+            return combine_digests(sent)
         order = self.in_place.digest_order()
         held = self.in_place.digest_sums()
         sent_sums = self.sent_sums if self.sent_sums is not None else torch.zeros_like(held)
-        # One comparison on the device and one host sync; strings only for the report.
-        same = torch.equal(sent_sums, held)
-        sent = format_digests(order, [self.specs[name] for name in order], sent_sums)
-        if not same:
-            _verify(sent, format_digests(order, [self.specs[n] for n in order], held))
-        return sent
+        # One comparison on the device and one host sync; strings only for the report, or to
+        # name what differs.
+        specs = [self.specs[name] for name in order]
+        if not torch.equal(sent_sums, held):
+            _verify(format_digests(order, specs, sent_sums), format_digests(order, specs, held))
+        report = self.reports.get(key := tuple(order))
+        if report is None or not all(map(operator.is_, report.specs, specs)):
+            report = self.reports[key] = CombinedDigest(order, specs)
+        return report.of(sent_sums)
 
 
 def _verify(sent: Mapping[str, str], held: Mapping[str, str]) -> None:
