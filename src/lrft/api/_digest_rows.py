@@ -142,6 +142,7 @@ class CopyKernel(NamedTuple):
     device, ``launch`` runs the copy it describes; and the dtypes and row length they take."""
 
     prepare: Callable[[CopyTable, torch.device], object]
+    # Any: the prepared table's type lives in the Triton module, importable only with Triton.
     launch: Callable[[Any, torch.Tensor], None]
     dtypes: frozenset[torch.dtype]
     words: int
