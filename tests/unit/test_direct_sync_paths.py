@@ -7,7 +7,6 @@ those casts computed independently by ``tensor_digests``."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
 from typing import cast
 
 import pytest
@@ -18,6 +17,7 @@ from lrft.api.digest import tensor_digests
 from lrft.api.protocols import NamedTensors
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync import DirectSync
+from lrft.testing.conformance.sync import LoaderProxy
 from lrft.testing.models import tiny_causal_lm
 
 
@@ -43,26 +43,14 @@ class _Weights:
             yield bucket
 
 
-class _LendsNothing:
+class _LendsNothing(LoaderProxy):
     """The engine, with its loader reduced to a plain function (no storage lent)."""
 
-    def __init__(self, engine: RolloutEngine) -> None:
-        self._engine = engine
+    def wrap(self, load: WeightLoader) -> WeightLoader:
+        def plain(named_tensors: NamedTensors) -> None:
+            load(named_tensors)
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._engine, name)
-
-    @contextmanager
-    def _update(self, version: int) -> Iterator[WeightLoader]:
-        with self._engine.weight_update(version) as load:
-
-            def plain(named_tensors: NamedTensors) -> None:
-                load(named_tensors)
-
-            yield plain
-
-    def weight_update(self, version: int) -> AbstractContextManager[WeightLoader]:
-        return self._update(version)
+        return plain
 
 
 @pytest.fixture

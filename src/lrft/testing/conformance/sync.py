@@ -231,7 +231,7 @@ def _sync_detects_misdirected_writes(suite: type[WeightSyncSuite[S]], model_dir:
 def _sync_fails_through(
     suite: type[WeightSyncSuite[S]],
     model_dir: Path,
-    proxy: type[_LoaderProxy],
+    proxy: type[LoaderProxy],
     *,
     bucket_bytes: int,
 ) -> None:
@@ -263,7 +263,7 @@ def _sync_failing_source(suite: type[WeightSyncSuite[S]], model_dir: Path) -> No
             _greedy(engine)
 
 
-class _LoaderProxy(abc.ABC):
+class LoaderProxy(abc.ABC):
     """An engine proxy that wraps the loader of every ``weight_update``; everything else is the
     real engine's. ``needs``: the engine capabilities the wrapping relies on."""
 
@@ -287,7 +287,7 @@ class _LoaderProxy(abc.ABC):
         return self._update(version)
 
 
-class CorruptInTransit(_LoaderProxy):
+class CorruptInTransit(LoaderProxy):
     """Perturbs the first tensor of every loaded batch, as a faulty transport would."""
 
     def wrap(self, load: WeightLoader) -> WeightLoader:
@@ -298,7 +298,7 @@ class CorruptInTransit(_LoaderProxy):
         return corrupt
 
 
-class MisdirectInPlace(_LoaderProxy):
+class MisdirectInPlace(LoaderProxy):
     """Its in-place loader lends scratch tensors instead of the engine's storage for the first
     bucket, as a loader that lent stale storage would: those writes never reach the engine."""
 
