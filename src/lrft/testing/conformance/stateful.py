@@ -1,7 +1,8 @@
 """A hypothesis state machine over a ``RolloutEngine``'s lifecycle, checked against a reference.
 
 Rules call ``generate``, ``sleep(level)``, ``wake(parts)`` and ``load_weights`` (complete or
-partial, of two weight sets) in any order; after every step the engine's state and
+partial, of two weight sets), and for engines that load in place the same loads written through
+the storage their ``InPlaceWeightLoader`` lends, in any order; after every step the engine's state and
 ``weights_digest`` are checked. A small reference model tracks what the
 contract says the engine must be after each step: where its weights are, whether its KV cache is
 resident, which weights it holds, its version, and whether it is stale. Every answer is compared
@@ -33,6 +34,7 @@ from lrft.api import (
     EnginePart,
     EngineState,
     GenerationRequest,
+    InPlaceWeightLoader,
     RolloutEngine,
     SamplingParams,
     StaleWeightsError,
@@ -173,6 +175,14 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
 
     @rule(which=st.sampled_from(["base", "other"]), complete=st.booleans())
     def load_weights(self, which: str, complete: bool) -> None:
+        self._load(which, complete, in_place=False)
+
+    @precondition(lambda self: "loads_in_place" in self.engine.capabilities.names())
+    @rule(which=st.sampled_from(["base", "other"]), complete=st.booleans())
+    def load_in_place(self, which: str, complete: bool) -> None:
+        self._load(which, complete, in_place=True)
+
+    def _load(self, which: str, complete: bool, *, in_place: bool) -> None:
         model = self.model
         # A partial load re-sends half of the weights the engine holds (or, when they are
         # undefined, half of ``which``), so the outputs stay known.
@@ -180,18 +190,28 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
         tensors = list(self.expect.weights[source])
         batch = tensors if complete else tensors[: len(tensors) // 2]
         self.next_version += 1
-        note(f"load_weights({source!r}, {'all' if complete else 'half'}, v{self.next_version})")
+        version = self.next_version
+        how = "written in place" if in_place else "load_weights"
+        note(f"{how}({source!r}, {'all' if complete else 'half'}, v{version})")
+
+        def load() -> None:
+            if not in_place:
+                self.engine.load_weights(batch, version=version)
+                return
+            with self.engine.weight_update(version) as loader:
+                assert isinstance(loader, InPlaceWeightLoader), "loads_in_place without one"
+                targets = loader.targets([name for name, _ in batch])
+                for target, (_, tensor) in zip(targets, batch, strict=True):
+                    target.copy_(tensor)
+
         if model.weights is not RESIDENT:
-            self._fails_with(
-                EngineAsleepError,
-                lambda: self.engine.load_weights(batch, version=self.next_version),
-            )
+            self._fails_with(EngineAsleepError, load)
             return
-        self.engine.load_weights(batch, version=self.next_version)
+        load()
         if complete:
-            model.held, model.version, model.needs_complete_update = which, self.next_version, False
+            model.held, model.version, model.needs_complete_update = which, version, False
         elif not model.needs_complete_update:
-            model.version = self.next_version
+            model.version = version
 
     @invariant()
     def state_is_as_expected(self) -> None:
