@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lrft.api._replay import Replay
 from lrft.api.digest import CopyPlan, DigestBuffer, DigestPlan, copy_with_digest, tensor_digests
 from tests.unit.test_api_digest import (
     ROW_BYTES,
@@ -107,12 +108,15 @@ def test_a_copy_plan_on_cuda_runs_again_with_new_values_and_refuses_moved_tensor
     buffer = DigestBuffer([((s.numel(),), torch.bfloat16) for s in sources], DEVICE)
     positions = [2, 0, 1]
     plan = CopyPlan(sources, buffer.views, positions, DEVICE)
-    for round_ in range(2):
+    out = torch.zeros((3, 2), dtype=torch.int64, device=DEVICE)
+    # run 0 launches eagerly, run 1 captures the launches into a graph, runs 2 and 3 replay it
+    for round_ in range(4):
         for source in sources:
             source.mul_(-1.5)  # new values at the same addresses
         assert plan.matches(sources, buffer.views, positions)
-        out = torch.zeros((3, 2), dtype=torch.int64, device=DEVICE)
+        out.zero_()
         plan.run(sources, buffer.views, out)
+        assert plan.captured == (round_ >= 1)
         casts = {
             str(p): s.cpu().to(torch.bfloat16) for p, s in zip(positions, sources, strict=True)
         }
@@ -125,3 +129,52 @@ def test_a_copy_plan_on_cuda_runs_again_with_new_values_and_refuses_moved_tensor
         assert got == tensor_digests(casts), round_
     assert not plan.matches([s.clone() for s in sources], buffer.views, positions)
     assert not plan.matches(sources, buffer.views, [0, 1, 2])
+    # the same addresses through new view objects: an engine whose storage was replaced
+    views = [v.view(v.shape) for v in buffer.views]
+    assert not plan.matches(sources, views, positions)
+    # a graph replays into the out it was captured with: a new out runs eagerly, then captures
+    other = torch.zeros((3, 2), dtype=torch.int64, device=DEVICE)
+    plan.run(sources, buffer.views, other)
+    assert not plan.captured
+    assert torch.equal(other, out)
+
+
+def test_a_digest_buffer_on_cuda_sums_again_from_a_graph() -> None:
+    generator = torch.Generator().manual_seed(7)
+    specs = [((300, 7), torch.bfloat16), ((5,), torch.float32), ((70_001,), torch.bfloat16)]
+    buffer = DigestBuffer(specs, DEVICE)
+    for round_ in range(4):  # eager, capture, replay, replay
+        values = [torch.randn(shape, generator=generator).to(dtype) for shape, dtype in specs]
+        for view, value in zip(buffer.views, values, strict=True):
+            view.copy_(value)
+        first = buffer.sums()
+        second = buffer.sums()  # a fresh tensor each call, not the graph's own output
+        assert first.data_ptr() != second.data_ptr()
+        sums = first.cpu().tolist()
+        got = [reference_digest(v, (a, b)) for v, (a, b) in zip(values, sums, strict=True)]
+        assert got == [reference_digest(v) for v in values], round_
+
+
+def test_replay_runs_launches_from_a_graph_and_falls_back_where_capture_fails() -> None:
+    source = torch.zeros(1000, device=DEVICE)
+    total = torch.zeros(1000, device=DEVICE)
+
+    def accumulate() -> None:
+        total.add_(source)
+
+    replay = Replay(accumulate, DEVICE)
+    for round_ in range(1, 5):
+        source.fill_(float(round_))
+        replay()
+        assert replay.captured == (round_ >= 2)
+    assert torch.equal(total.cpu(), torch.full((1000,), 1.0 + 2 + 3 + 4))
+
+    # a host read of a device value cannot be captured: the launches stay eager, and right
+    seen: list[float] = []
+    failing = Replay(lambda: seen.append(float(total.sum().item())), DEVICE)
+    for _ in range(3):
+        failing()
+    assert not failing.captured
+    assert seen == [10_000.0] * 3
+    torch.cuda.synchronize(DEVICE)  # the device is usable after the failed capture
+    assert float(total.sum()) == 10_000.0

@@ -8,6 +8,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from lrft.api import combine_digests, tensor_digest
+from lrft.api._replay import Replay
 from lrft.api.digest import (
     ROW_WORDS,
     CombinedDigest,
@@ -312,3 +313,19 @@ def test_dtype_and_shape_are_part_of_the_digest() -> None:
     assert tensor_digest(torch.tensor([1, 2, 3], dtype=torch.uint8)) != tensor_digest(
         torch.tensor([1, 2, 3, 0], dtype=torch.uint8)
     )
+
+
+def test_replay_off_cuda_runs_its_launches_eagerly_every_time() -> None:
+    total = torch.zeros(3)
+    calls: list[int] = []
+
+    def launch() -> None:
+        calls.append(len(calls))
+        total.add_(1.0)
+
+    replay = Replay(launch, torch.device("cpu"))
+    for _ in range(3):
+        replay()
+    assert not replay.captured
+    assert calls == [0, 1, 2]
+    assert torch.equal(total, torch.full((3,), 3.0))

@@ -14,6 +14,7 @@ import torch
 
 from lrft.api import InPlaceWeightLoader, RolloutEngine, WeightLoader, combine_digests
 from lrft.api.digest import tensor_digests
+from lrft.api.errors import WeightSyncError
 from lrft.api.protocols import NamedTensors
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync import DirectSync
@@ -120,3 +121,54 @@ def test_a_repeated_sync_loads_the_new_values_also_after_the_storage_moved(
         assert all(torch.equal(held[name], value) for name, value in casts.items()), step
         assert report.digest == combine_digests(tensor_digests(casts))
         assert engine.weights_version == step
+
+
+class _Renamed(_Weights):
+    """The same weights with the first tensor of the last bucket sent again, under an earlier
+    bucket's name."""
+
+    def full_weights(
+        self, bucket_bytes: int, *, gather_dtype: torch.dtype | None = None
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        buckets = list(super().full_weights(bucket_bytes, gather_dtype=gather_dtype))
+        first_name = buckets[0][0][0]
+        (_, tensor), *rest = buckets[-1]
+        buckets[-1] = [(first_name, tensor), *rest]
+        yield from buckets
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_sync_that_remembers_its_buckets_still_checks_each_sync(
+    source: _Weights, verify: bool
+) -> None:
+    # The second sync of one DirectSync finds every bucket remembered; what changed since must
+    # still be refused, and leave the engine stale.
+    engine, sync = _engine(), DirectSync(bucket_bytes=4 * 1024, verify=verify)
+    sync.sync(source, engine, version=1)
+    name, good = next(iter(source.named.items()))
+    source.named[name] = good.reshape(-1)[:-1].clone()
+    with pytest.raises(WeightSyncError, match=f"weight {name!r}: trainer shape"):
+        sync.sync(source, engine, version=2)
+    assert engine.weights_version is None
+    source.named[name] = good
+    with pytest.raises(WeightSyncError, match=f"weight {name!r} was sent twice"):
+        sync.sync(_Renamed(source.named), engine, version=3)
+    assert engine.weights_version is None
+    sync.sync(source, engine, version=4)
+    assert engine.weights_version == 4
+
+
+def test_a_sync_follows_new_source_tensors_and_another_engine(source: _Weights) -> None:
+    sync = DirectSync(bucket_bytes=4 * 1024)
+    first, second = _engine(), _engine()
+    sync.sync(source, first, version=1)
+    # new tensors at new addresses (a trainer that replaced its parameters), new values
+    source.named = {name: (t * 3 - 1).requires_grad_() for name, t in source.named.items()}
+    for engine in (first, second):
+        report = sync.sync(source, engine, version=2)
+        casts = {name: t.detach().to(torch.bfloat16) for name, t in source.named.items()}
+        held = dict(engine.model.named_parameters())
+        assert all(torch.equal(held[name], value) for name, value in casts.items())
+        # copies of parameters that require grad record no autograd history in the engine
+        assert not any(p.requires_grad or p.grad_fn is not None for p in held.values())
+        assert report.digest == combine_digests(tensor_digests(casts))

@@ -32,6 +32,9 @@ fingerprint strings are made in ``_digest_strings``.
 
 from __future__ import annotations
 
+import functools
+import operator
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -55,6 +58,10 @@ from lrft.api._digest_strings import CombinedDigest as CombinedDigest
 from lrft.api._digest_strings import combine_digests as combine_digests
 from lrft.api._digest_strings import format_digest as format_digest
 from lrft.api._digest_strings import format_digests as format_digests
+from lrft.api._replay import Replay
+
+_SHAPE = operator.attrgetter("shape")
+_DTYPE = operator.attrgetter("dtype")
 
 
 def digest_sums_many(
@@ -91,12 +98,17 @@ def copy_with_digest(
 
 class CopyPlan:
     """:func:`copy_with_digest` of one list of tensors, prepared for being run again: the
-    checks of every tensor and the kernels' tables on the device are made once.
+    checks of every tensor and the kernels' tables on the device are made once, and on CUDA the
+    kernel launches are replayed from a CUDA graph from the plan's second run on (one launch
+    instead of two per pair of dtypes, the cost that dominates a small bucket on a slow host).
 
-    A plan refers to its tensors by address. :meth:`matches` says whether other lists (the same
-    tensors, or new ones at the same addresses with the same dtypes, sizes and layout) may run
-    through it; a weight sync keeps a plan per bucket and checks it so, which costs a few
-    property reads per tensor instead of the checks and a table transfer per bucket.
+    A plan refers to its tensors by address. :meth:`matches` says whether other lists may run
+    through it: sources of the same addresses, shapes, dtypes, layout and device (the same
+    tensors with new values, or new tensors where the old ones were), and the very same target
+    tensors, still at their addresses (an engine lends the same views while its storage stays
+    where it is). A weight sync keeps a plan per bucket and checks it so, which costs a few
+    property reads per tensor instead of the checks and a table transfer per bucket. The plan
+    holds no reference to its tensors, only to the last ``out`` it ran with.
     """
 
     def __init__(
@@ -107,7 +119,9 @@ class CopyPlan:
         device: torch.device,
     ) -> None:
         self.device = device
-        self._key = _copy_key(sources, targets, positions)
+        self._sources = _source_key(sources)
+        self._targets = _LentTargets(targets)
+        self._positions = list(positions)
         # One pass over the tensors that checks them and writes the kernels' tables as it goes.
         index = device.index if device.type == "cuda" else None
         kernel = copy_kernel() if index is not None else None
@@ -147,6 +161,7 @@ class CopyPlan:
             if self._rest
             else None
         )
+        self._replay: tuple[torch.Tensor, Replay] | None = None
 
     def matches(
         self,
@@ -154,9 +169,20 @@ class CopyPlan:
         targets: Sequence[torch.Tensor],
         positions: Sequence[int],
     ) -> bool:
-        """Whether these lists may run through this plan: every tensor at the address, of the
-        dtype, size, layout and device it was prepared for, and the same positions."""
-        return _copy_key(sources, targets, positions) == self._key
+        """Whether these lists may run through this plan: every source at the address, of the
+        shape, dtype, layout and device it was prepared for; the same target tensors at the
+        same addresses; and the same positions."""
+        return (
+            list(positions) == self._positions
+            and self._targets.same_as(targets)
+            and _source_key(sources) == self._sources
+        )
+
+    @property
+    def captured(self) -> bool:
+        """Whether the kernels now replay from a CUDA graph (from the second run into the same
+        ``out`` on)."""
+        return self._replay is not None and self._replay[1].captured
 
     def run(
         self,
@@ -168,22 +194,44 @@ class CopyPlan:
         was made from or that :meth:`matches` accepted."""
         if out.device != self.device:
             raise ValueError(f"CopyPlan for {self.device} run with out on {out.device}")
-        if self._launch is not None:
-            for prepared in self._prepared:
-                self._launch(prepared, out)
+        if self._prepared:
+            if self._replay is None or self._replay[0] is not out:
+                self._replay = (out, Replay(functools.partial(self._kernels, out), self.device))
+            self._replay[1]()
         if self._rest_positions is not None:
             written = [targets[i] for i in self._rest]
             torch._foreach_copy_(written, [sources[i] for i in self._rest])
             out.index_add_(0, self._rest_positions, digest_sums_many(written))
 
+    def _kernels(self, out: torch.Tensor) -> None:
+        assert self._launch is not None
+        for prepared in self._prepared:
+            self._launch(prepared, out)
 
-def _copy_key(
-    sources: Sequence[torch.Tensor], targets: Sequence[torch.Tensor], positions: Sequence[int]
-) -> tuple[list[int], list[tuple[object, ...]], list[tuple[object, ...]]]:
+
+class _LentTargets:
+    """Targets by identity (weakly held, so a plan keeps no engine storage alive) and address."""
+
+    def __init__(self, targets: Sequence[torch.Tensor]) -> None:
+        self._refs = list(map(weakref.ref, targets))
+        self._addresses = list(map(torch.Tensor.data_ptr, targets))
+
+    def same_as(self, targets: Sequence[torch.Tensor]) -> bool:
+        return (
+            len(targets) == len(self._refs)
+            and list(map(torch.Tensor.data_ptr, targets)) == self._addresses
+            and all(map(operator.is_, map(operator.call, self._refs), targets))
+        )
+
+
+def _source_key(sources: Sequence[torch.Tensor]) -> tuple[list[object], ...]:
+    # map over the unbound methods: one C call per tensor and property, no Python frame
     return (
-        list(positions),
-        [(s.data_ptr(), s.dtype, s.numel(), s.is_contiguous(), s.get_device()) for s in sources],
-        [(t.data_ptr(), t.dtype, t.numel(), t.is_contiguous(), t.get_device()) for t in targets],
+        list(map(torch.Tensor.data_ptr, sources)),
+        list(map(_SHAPE, sources)),
+        list(map(_DTYPE, sources)),
+        list(map(torch.Tensor.is_contiguous, sources)),
+        list(map(torch.Tensor.get_device, sources)),
     )
 
 
@@ -272,6 +320,7 @@ class DigestBuffer:
             for (shape, dtype), start in zip(self.specs, layout.starts, strict=True)
         ]
         self._rows = layout.table
+        self._sums: tuple[torch.Tensor, Replay] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -292,10 +341,20 @@ class DigestBuffer:
 
     def sums(self) -> torch.Tensor:
         """The fingerprint sums of what :attr:`views` hold now, ``(len(views), 2)`` int64 on
-        the buffer's device, without a host sync."""
-        out = torch.zeros((len(self.specs), 2), dtype=torch.int64, device=self.device)
+        the buffer's device, without a host sync. An engine that keeps its weights in a buffer
+        asks for these after every sync, so on CUDA the kernels are replayed from a graph from
+        the second call on (its temporary, a thousandth of the buffer's size, stays allocated
+        while the buffer lives)."""
+        if self._sums is None:
+            out = torch.empty((len(self.specs), 2), dtype=torch.int64, device=self.device)
+            self._sums = (out, Replay(functools.partial(self._add_sums, out), self.device))
+        out, replay = self._sums
+        replay()
+        return out.clone()
+
+    def _add_sums(self, out: torch.Tensor) -> None:
+        out.zero_()
         add_row_sums(self._words, self._rows, out)
-        return out
 
 
 def _first_difference(

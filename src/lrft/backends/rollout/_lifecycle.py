@@ -324,7 +324,14 @@ class _InPlaceLoader(_Loader):
     def targets(self, names: Sequence[str]) -> list[torch.Tensor]:
         self._check_open("lend weights")
         lifecycle = self._lifecycle
-        canonical = [resolve_name(name, lifecycle.specs, lifecycle.aliases) for name in names]
+        specs = lifecycle.specs
+        # A sync lends every weight every step: names that are already canonical (all of them,
+        # unless some are aliases) pass with one C call each.
+        canonical = (
+            list(names)
+            if all(map(specs.__contains__, names)) and lifecycle.aliases.keys().isdisjoint(names)
+            else [resolve_name(name, specs, lifecycle.aliases) for name in names]
+        )
         # Lent storage may be written at once: from here on the weights are not a version.
         self.copied_any = self.copied_any or bool(canonical)
         self.covered.update(canonical)

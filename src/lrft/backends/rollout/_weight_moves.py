@@ -61,8 +61,7 @@ class FlatWeights:
 
     def storage(self, names: list[str]) -> list[torch.Tensor]:
         """The device views the named parameters are, to be written in place."""
-        views = self.buffer.views
-        return [views[self._index[name]] for name in names]
+        return list(map(self.buffer.views.__getitem__, map(self._index.__getitem__, names)))
 
     def digest_order(self) -> Sequence[str]:
         return self._names

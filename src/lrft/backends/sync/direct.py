@@ -18,9 +18,11 @@ own, and the engine copies from there.
 
 from __future__ import annotations
 
+import functools
 import operator
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeGuard
 
 import attrs
 import torch
@@ -39,7 +41,13 @@ from lrft.api.protocols import InPlaceWeightLoader, RolloutEngine, WeightLoader,
 from lrft.api.types import EnginePart, SyncReport, TensorSpec, WeightsResidency
 
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
-_MAX_PLANS = 4096
+# Bounds the buckets remembered per engine layout: a source whose buckets never repeat
+# (gathered into new buffers with new names) would otherwise grow the memo without end.
+_MAX_BUCKETS = 4096
+
+_NAME = operator.itemgetter(0)
+_TENSOR = operator.itemgetter(1)
+_SHAPE = operator.attrgetter("shape")
 
 
 def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -63,15 +71,9 @@ class DirectSync:
     bucket_bytes: int = attrs.field(default=DEFAULT_BUCKET_BYTES, validator=_positive)
     verify: bool = True
     name_map: Callable[[str], str] = _identity
-    # Writing in place, the copy plan of each bucket (by its names), checked before each reuse:
-    # a trainer syncs the same buckets from the same addresses step after step.
-    _plans: dict[tuple[str, ...], CopyPlan] = attrs.field(
-        factory=dict, init=False, repr=False, eq=False
-    )
-    # and the layout of the report's combined digest, per engine weight order
-    _reports: dict[tuple[str, ...], CombinedDigest] = attrs.field(
-        factory=dict, init=False, repr=False, eq=False
-    )
+    # What the checks of the last engine layout found, kept for the next sync: a trainer syncs
+    # the same buckets from the same addresses step after step.
+    _memo: _MemoSlot = attrs.field(factory=lambda: _MemoSlot(), init=False, repr=False, eq=False)
 
     @property
     def capabilities(self) -> SyncCapabilities:
@@ -91,23 +93,24 @@ class DirectSync:
         # Sources that communicate to gather may then cast first and move fewer bytes.
         dtypes = {spec.dtype for spec in specs.values()}
         gather_dtype = dtypes.pop() if len(dtypes) == 1 else None
-        with engine.weight_update(version) as load:
+        # Nothing here is differentiated: copies of parameters that require grad would
+        # otherwise record autograd history into the engine's weights.
+        with torch.no_grad(), engine.weight_update(version) as load:
+            in_place = load if self.verify and _loads_in_place(load) else None
+            order = in_place.digest_order() if in_place is not None else None
             stream = _Stream(
-                specs=specs,
+                layout=self._memo.layout_for(specs, order),
                 name_map=self.name_map,
                 verify=self.verify,
-                plans=self._plans,
-                reports=self._reports,
+                in_place=in_place,
             )
-            if self.verify and isinstance(load, InPlaceWeightLoader):
-                stream.write_in_place(load)
             stream.run(source.full_weights(self.bucket_bytes, gather_dtype=gather_dtype), load)
             stream.check_complete()
             digest = stream.verify_engine(engine) if self.verify else ""
         return SyncReport(
             version=version,
-            tensors=len(stream.sent_bytes),
-            bytes=sum(stream.sent_bytes.values()),
+            tensors=len(stream.sent),
+            bytes=stream.sent_bytes,
             buckets=stream.buckets,
             seconds=time.perf_counter() - start,
             verified=self.verify,
@@ -115,27 +118,83 @@ class DirectSync:
         )
 
 
+@attrs.define(kw_only=True)
+class _Bucket:
+    """A bucket the checks passed: its engine names, specs and shapes, and, writing in place,
+    its weights' rows in the digest sums and the copy plan it last ran through."""
+
+    names: list[str]
+    specs: list[TensorSpec]
+    shapes: list[torch.Size]
+    nbytes: int
+    positions: list[int]
+    plan: CopyPlan | None = None
+
+
+class _Layout:
+    """What is known of one engine layout: its specs (the same objects), the engine's digest
+    order when writing in place, the buckets checked against them, and the sums buffer and
+    report layout of an in-place sync."""
+
+    def __init__(self, specs: Mapping[str, TensorSpec], order: Sequence[str] | None) -> None:
+        self.specs = dict(specs)
+        self.spec_objects = list(specs.values())
+        self.order = None if order is None else list(order)
+        self.positions = {} if order is None else {name: i for i, name in enumerate(order)}
+        self.buckets: dict[tuple[str, ...], _Bucket] = {}
+        self._sums: torch.Tensor | None = None
+        self._report: CombinedDigest | None = None
+
+    def describes(self, specs: Mapping[str, TensorSpec], order: Sequence[str] | None) -> bool:
+        return (
+            len(specs) == len(self.spec_objects)
+            and all(map(operator.is_, specs.values(), self.spec_objects))
+            and list(specs) == list(self.specs)
+            and (None if order is None else list(order)) == self.order
+        )
+
+    def sums(self, device: torch.device) -> torch.Tensor:
+        """The buffer an in-place sync sums what it writes into, zeroed; at one address sync
+        after sync, since the copy plans' graphs write to it."""
+        assert self.order is not None
+        if self._sums is None or self._sums.device != device:
+            self._sums = torch.zeros((len(self.order), 2), dtype=torch.int64, device=device)
+        else:
+            self._sums.zero_()
+        return self._sums
+
+    def report(self) -> CombinedDigest:
+        assert self.order is not None
+        if self._report is None:
+            self._report = CombinedDigest(self.order, [self.specs[name] for name in self.order])
+        return self._report
+
+
+@attrs.define
+class _MemoSlot:
+    layout: _Layout | None = None
+
+    def layout_for(self, specs: Mapping[str, TensorSpec], order: Sequence[str] | None) -> _Layout:
+        if self.layout is None or not self.layout.describes(specs, order):
+            self.layout = _Layout(specs, order)
+        return self.layout
+
+
 @attrs.define
 class _Stream:
-    specs: Mapping[str, TensorSpec]
+    layout: _Layout
     name_map: Callable[[str], str]
     verify: bool
-    plans: dict[tuple[str, ...], CopyPlan]
-    reports: dict[tuple[str, ...], CombinedDigest]
-    sent_bytes: dict[str, int] = attrs.field(factory=dict)
+    # Writing in place: the engine's loader, and the sums of what was written there,
+    # accumulated on the device.
+    in_place: InPlaceWeightLoader | None
+    sent: set[str] = attrs.field(factory=set)
+    sent_bytes: int = 0
     # Queued on the device bucket by bucket and read back once at the end: a host sync per
     # tensor (or per bucket) would stall the stream of gathers and copies.
     sent_digests: PendingDigests = attrs.field(factory=PendingDigests)
-    buckets: int = 0
-    # Writing in place: the engine's loader, each weight's row in its digest sums, and the sums
-    # of what was written there, accumulated on the device.
-    in_place: InPlaceWeightLoader | None = None
-    positions: dict[str, int] = attrs.field(factory=dict)
     sent_sums: torch.Tensor | None = None
-
-    def write_in_place(self, load: InPlaceWeightLoader) -> None:
-        self.in_place = load
-        self.positions = {name: i for i, name in enumerate(load.digest_order())}
+    buckets: int = 0
 
     def run(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], load: WeightLoader) -> None:
         error: Exception | None = None
@@ -154,47 +213,63 @@ class _Stream:
             raise WeightSyncError(f"loading bucket {failed_bucket} failed: {error}") from error
 
     def _load(self, bucket: list[tuple[str, torch.Tensor]], load: WeightLoader) -> None:
-        names, specs, tensors = self._checked(bucket)
-        if not tensors:
+        if not bucket:
             return
+        tensors = list(map(_TENSOR, bucket))
+        entry = self._checked(bucket, tensors)
+        if not self.sent.isdisjoint(entry.names):
+            twice = next(name for name in entry.names if name in self.sent)
+            raise WeightSyncError(f"weight {twice!r} was sent twice in one sync")
+        self.sent.update(entry.names)
+        self.sent_bytes += entry.nbytes
         if not self.verify:
             # The engine casts while it copies: no intermediate copy of the bucket.
-            load(list(zip(names, tensors, strict=True)))
+            load(list(zip(entry.names, tensors, strict=True)))
         elif self.in_place is not None:
             # One cast copy straight into the engine's storage; the sent fingerprint is taken
             # from the values as they are written.
-            targets = self.in_place.targets(names)
+            targets = self.in_place.targets(entry.names)
             if self.sent_sums is None:
-                self.sent_sums = torch.zeros(
-                    (len(self.positions), 2), dtype=torch.int64, device=targets[0].device
-                )
-            positions = [self.positions[name] for name in names]
-            key = tuple(names)
-            plan = self.plans.get(key)
-            if plan is None or not plan.matches(tensors, targets, positions):
-                if len(self.plans) >= _MAX_PLANS:
-                    self.plans.clear()  # a source whose buckets never repeat
-                plan = self.plans[key] = CopyPlan(tensors, targets, positions, targets[0].device)
+                self.sent_sums = self.layout.sums(targets[0].device)
+            plan = entry.plan
+            if plan is None or not plan.matches(tensors, targets, entry.positions):
+                plan = entry.plan = CopyPlan(tensors, targets, entry.positions, targets[0].device)
             plan.run(tensors, targets, self.sent_sums)
         else:
             # The cast must exist to be fingerprinted, so it is written, in one fused copy,
             # into a buffer laid out for digests; the engine then copies from it.
-            cast = DigestBuffer([(spec.shape, spec.dtype) for spec in specs], tensors[0].device)
+            cast = DigestBuffer(
+                [(spec.shape, spec.dtype) for spec in entry.specs], tensors[0].device
+            )
             torch._foreach_copy_(cast.views, tensors)
-            self.sent_digests.add_buffer(names, cast)
-            load(list(zip(names, cast.views, strict=True)))
+            self.sent_digests.add_buffer(entry.names, cast)
+            load(list(zip(entry.names, cast.views, strict=True)))
 
     def _checked(
-        self, bucket: list[tuple[str, torch.Tensor]]
-    ) -> tuple[list[str], list[TensorSpec], list[torch.Tensor]]:
+        self, bucket: list[tuple[str, torch.Tensor]], tensors: list[torch.Tensor]
+    ) -> _Bucket:
+        """The bucket's checked entry: looked up by its trainer names and its tensors' shapes
+        compared (C calls per tensor), or checked in full the first time."""
+        buckets = self.layout.buckets
+        key = tuple(map(_NAME, bucket))
+        entry = buckets.get(key)
+        if entry is not None and list(map(_SHAPE, tensors)) == entry.shapes:
+            return entry
+        entry = self._check(bucket)
+        if len(buckets) >= _MAX_BUCKETS:
+            buckets.clear()
+        buckets[key] = entry
+        return entry
+
+    def _check(self, bucket: list[tuple[str, torch.Tensor]]) -> _Bucket:
         names: list[str] = []
         specs: list[TensorSpec] = []
-        tensors: list[torch.Tensor] = []
-        # Runs once per tensor per sync: kept to dictionary lookups and comparisons.
-        rename = None if self.name_map is _identity else self.name_map
+        seen: set[str] = set()
+        nbytes = 0
+        known = self.layout.specs
         for source_name, tensor in bucket:
-            name = source_name if rename is None else rename(source_name)
-            spec = self.specs.get(name)
+            name = self.name_map(source_name)
+            spec = known.get(name)
             if spec is None:
                 raise WeightSyncError(
                     f"the engine has no weight {name!r} (trainer name {source_name!r})"
@@ -204,17 +279,25 @@ class _Stream:
                     f"weight {name!r}: trainer shape {tuple(tensor.shape)} != engine shape "
                     f"{spec.shape}"
                 )
-            if name in self.sent_bytes:
+            if name in seen:
                 raise WeightSyncError(f"weight {name!r} was sent twice in one sync")
-            self.sent_bytes[name] = tensor.numel() * spec.dtype.itemsize
+            seen.add(name)
             names.append(name)
             specs.append(spec)
-            tensors.append(tensor.detach() if tensor.requires_grad else tensor)
-        return names, specs, tensors
+            nbytes += tensor.numel() * spec.dtype.itemsize
+        positions = self.layout.positions
+        return _Bucket(
+            names=names,
+            specs=specs,
+            shapes=[torch.Size(spec.shape) for spec in specs],
+            nbytes=nbytes,
+            positions=[positions[name] for name in names] if positions else [],
+        )
 
     def check_complete(self) -> None:
-        missing = sorted(set(self.specs) - set(self.sent_bytes))
-        if missing:
+        # every name sent was checked to be one of the engine's, so equal counts mean all
+        if len(self.sent) != len(self.layout.specs):
+            missing = sorted(set(self.layout.specs) - self.sent)
             raise WeightSyncError(
                 f"the trainer sent no value for {len(missing)} engine weight(s), e.g. "
                 f"{missing[:5]}: the engine would serve a mix of old and new weights"
@@ -227,18 +310,29 @@ class _Stream:
             sent = self.sent_digests.resolve()
             _verify(sent, engine.weights_digest())
             return combine_digests(sent)
-        order = self.in_place.digest_order()
         held = self.in_place.digest_sums()
         sent_sums = self.sent_sums if self.sent_sums is not None else torch.zeros_like(held)
-        # One comparison on the device and one host sync; strings only for the report, or to
-        # name what differs.
-        specs = [self.specs[name] for name in order]
-        if not torch.equal(sent_sums, held):
-            _verify(format_digests(order, specs, sent_sums), format_digests(order, specs, held))
-        report = self.reports.get(key := tuple(order))
-        if report is None or not all(map(operator.is_, report.specs, specs)):
-            report = self.reports[key] = CombinedDigest(order, specs)
-        return report.of(sent_sums)
+        # Both sums come to the host in one transfer, the sync's only wait for the device;
+        # strings are made only for the report, or to name what differs.
+        both = torch.stack((sent_sums, held)).to("cpu")
+        if not torch.equal(both[0], both[1]):
+            order = self.layout.order
+            assert order is not None
+            specs = [self.layout.specs[name] for name in order]
+            _verify(format_digests(order, specs, both[0]), format_digests(order, specs, both[1]))
+        return self.layout.report().of(both[0])
+
+
+@functools.cache
+def _lends_storage(loader_type: type) -> bool:
+    # A Protocol's runtime check looks its methods up by name, which a loader's class fixes.
+    return issubclass(loader_type, InPlaceWeightLoader)
+
+
+def _loads_in_place(load: WeightLoader) -> TypeGuard[InPlaceWeightLoader]:
+    """``isinstance(load, InPlaceWeightLoader)``, answered once per loader class: the runtime
+    check of a Protocol costs tens of microseconds, every sync."""
+    return _lends_storage(type(load))
 
 
 def _verify(sent: Mapping[str, str], held: Mapping[str, str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import cast
@@ -19,6 +20,10 @@ from lrft.backends.train._fsdp2_gather import Entry, entry_of, gathered_dtype, s
 from lrft.backends.train._placement import OffloadableModel
 
 NAME = "fsdp2"
+
+_LOCAL_TENSOR = operator.attrgetter("_local_tensor")
+_NBYTES = operator.attrgetter("nbytes")
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 # Segments that wrappers insert into parameter names (torch.compile, activation checkpointing,
 # FSDP1); fully_shard itself keeps the original names.
@@ -57,6 +62,10 @@ class FSDP2FrozenModel(OffloadableModel):
         # and FSDP2 keeps these Parameter objects for the module's life (moves and checkpoint
         # loads replace their data in place).
         self._entries = [entry_of(hf_name(name), p) for name, p in module.named_parameters()]
+        self._names = [entry.name for entry in self._entries]
+        self._sharded = [entry.param for entry in self._entries]
+        self._all_dtensors = all(isinstance(p, DTensor) for p in self._sharded)
+        self._last_bounds: tuple[tuple[int, list[int]], list[tuple[int, int]]] | None = None
 
     @property
     def module(self) -> torch.nn.Module:
@@ -126,27 +135,43 @@ class FSDP2FrozenModel(OffloadableModel):
     @torch.no_grad()
     def _local_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """One rank: each shard is the whole tensor, so a bucket is the shards themselves (moved
-        to the device if they are on the host). This is the hot loop of a colocated sync on one
-        GPU, run once per parameter: it reads ``_local_tensor`` directly, because ``to_local``
-        re-wraps the shard as a Parameter view on every call, which costs more than the copy of
-        a small tensor."""
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        device = self._device
-        for name, param, *_ in self._entries:
-            local = param._local_tensor if isinstance(param, DTensor) else param
-            if local.device != device:
-                local = local.to(device)
-            nbytes = local.nbytes
-            if bucket and size + nbytes > bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            # FSDP2's shards do not require grad: the alias is handed out as it is, since a
-            # detached view per parameter costs more than a small tensor's copy
-            bucket.append((name, local.detach() if local.requires_grad else local))
+        to the device if they are on the host, a bucket at a time). This is the hot path of a
+        colocated sync on one GPU, where a small model's copies take less time than a Python
+        loop over its parameters: each property of every shard is read with one C call
+        (``map``), the bucket bounds are kept while the shards' sizes stay the same, and
+        ``_local_tensor`` is read directly, because ``to_local`` re-wraps the shard as a
+        Parameter view on every call."""
+        shards = (
+            list(map(_LOCAL_TENSOR, self._sharded))
+            if self._all_dtensors
+            else [p._local_tensor if isinstance(p, DTensor) else p for p in self._sharded]
+        )
+        index = self._device.index if self._device.type == "cuda" else -1
+        resident = list(map(torch.Tensor.get_device, shards)).count(index) == len(shards)
+        for first, end in self._bounds(bucket_bytes, list(map(_NBYTES, shards))):
+            bucket = shards[first:end]
+            if not resident:
+                bucket = [s if s.get_device() == index else s.to(self._device) for s in bucket]
+            # FSDP2's shards do not require grad: the aliases are handed out as they are
+            if any(map(_REQUIRES_GRAD, bucket)):
+                bucket = [s.detach() for s in bucket]
+            yield list(zip(self._names[first:end], bucket, strict=True))
+
+    def _bounds(self, bucket_bytes: int, sizes: list[int]) -> list[tuple[int, int]]:
+        """Greedy in-order buckets of shards of ``sizes`` bytes, as ``(first, end)`` indices."""
+        if self._last_bounds is not None and self._last_bounds[0] == (bucket_bytes, sizes):
+            return self._last_bounds[1]
+        bounds: list[tuple[int, int]] = []
+        first = size = 0
+        for i, nbytes in enumerate(sizes):
+            if i > first and size + nbytes > bucket_bytes:
+                bounds.append((first, i))
+                first, size = i, 0
             size += nbytes
-        if bucket:
-            yield bucket
+        if first < len(sizes):
+            bounds.append((first, len(sizes)))
+        self._last_bounds = ((bucket_bytes, sizes), bounds)
+        return bounds
 
     def _destination(self, to_host: bool) -> torch.device:
         return torch.device("cpu") if to_host else self._device
