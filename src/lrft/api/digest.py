@@ -225,13 +225,14 @@ class _LentTargets:
 
 
 def _source_key(sources: Sequence[torch.Tensor]) -> tuple[list[object], ...]:
-    # map over the unbound methods: one C call per tensor and property, no Python frame
+    # One C call per tensor and property (map over the unbound methods, no Python frame). No
+    # device: addresses are unique across the host and every device of a process (CUDA's
+    # unified addressing), so the address fixes it.
     return (
         list(map(torch.Tensor.data_ptr, sources)),
         list(map(_SHAPE, sources)),
         list(map(_DTYPE, sources)),
         list(map(torch.Tensor.is_contiguous, sources)),
-        list(map(torch.Tensor.get_device, sources)),
     )
 
 

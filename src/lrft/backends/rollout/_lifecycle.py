@@ -119,6 +119,7 @@ class EngineLifecycle:
         self._needs_complete_update = initial_version is None
         self._updating = False
         self._closed = False
+        self._last_names: tuple[tuple[str, ...], list[str]] | None = None
 
     # --- state -----------------------------------------------------------------------------
 
@@ -134,6 +135,24 @@ class EngineLifecycle:
     @property
     def weights_version(self) -> int | None:
         return self._version
+
+    def canonical_names(self, names: Sequence[str]) -> list[str]:
+        """The names ``specs`` lists ``names`` under (``WeightLoadError`` for an unknown one).
+        A sync lends every weight, every step, under the same tuple of names: the answer for
+        the last tuple is kept, and names that are already canonical (all of them, unless some
+        are aliases) pass with one C call each."""
+        last = self._last_names
+        if last is not None and last[0] is names:
+            return last[1]
+        specs, aliases = self.specs, self.aliases
+        canonical = (
+            list(names)
+            if all(map(specs.__contains__, names)) and aliases.keys().isdisjoint(names)
+            else [resolve_name(name, specs, aliases) for name in names]
+        )
+        if isinstance(names, tuple):  # immutable, so the same object means the same names
+            self._last_names = (names, canonical)
+        return canonical
 
     @property
     def closed(self) -> bool:
@@ -323,15 +342,7 @@ class _InPlaceLoader(_Loader):
 
     def targets(self, names: Sequence[str]) -> list[torch.Tensor]:
         self._check_open("lend weights")
-        lifecycle = self._lifecycle
-        specs = lifecycle.specs
-        # A sync lends every weight every step: names that are already canonical (all of them,
-        # unless some are aliases) pass with one C call each.
-        canonical = (
-            list(names)
-            if all(map(specs.__contains__, names)) and lifecycle.aliases.keys().isdisjoint(names)
-            else [resolve_name(name, specs, lifecycle.aliases) for name in names]
-        )
+        canonical = self._lifecycle.canonical_names(names)
         # Lent storage may be written at once: from here on the weights are not a version.
         self.copied_any = self.copied_any or bool(canonical)
         self.covered.update(canonical)

@@ -61,7 +61,10 @@ class FlatWeights:
 
     def storage(self, names: list[str]) -> list[torch.Tensor]:
         """The device views the named parameters are, to be written in place."""
-        return list(map(self.buffer.views.__getitem__, map(self._index.__getitem__, names)))
+        views = self.buffer.views
+        if names == self._names:  # a sync lends every weight at once, in the digest order
+            return list(views)
+        return list(map(views.__getitem__, map(self._index.__getitem__, names)))
 
     def digest_order(self) -> Sequence[str]:
         return self._names

@@ -90,27 +90,25 @@ class DirectSync:
         specs = engine.parameter_specs()
         if engine.state.weights is not WeightsResidency.RESIDENT:
             engine.wake([EnginePart.WEIGHTS])
-        # Sources that communicate to gather may then cast first and move fewer bytes.
-        dtypes = {spec.dtype for spec in specs.values()}
-        gather_dtype = dtypes.pop() if len(dtypes) == 1 else None
         # Nothing here is differentiated: copies of parameters that require grad would
         # otherwise record autograd history into the engine's weights.
         with torch.no_grad(), engine.weight_update(version) as load:
             in_place = load if self.verify and _loads_in_place(load) else None
-            order = in_place.digest_order() if in_place is not None else None
-            stream = _Stream(
-                layout=self._memo.layout_for(specs, order),
-                name_map=self.name_map,
-                verify=self.verify,
-                in_place=in_place,
+            layout = self._memo.layout_for(
+                specs, in_place.digest_order() if in_place is not None else None
             )
-            stream.run(source.full_weights(self.bucket_bytes, gather_dtype=gather_dtype), load)
-            stream.check_complete()
+            stream = _Stream(
+                layout=layout, name_map=self.name_map, verify=self.verify, in_place=in_place
+            )
+            # Sources that communicate to gather may then cast first and move fewer bytes.
+            buckets = source.full_weights(self.bucket_bytes, gather_dtype=layout.gather_dtype)
+            stream.run(buckets, load)
+            tensors, nbytes = stream.check_complete()
             digest = stream.verify_engine(engine) if self.verify else ""
         return SyncReport(
             version=version,
-            tensors=len(stream.sent),
-            bytes=stream.sent_bytes,
+            tensors=tensors,
+            bytes=nbytes,
             buckets=stream.buckets,
             seconds=time.perf_counter() - start,
             verified=self.verify,
@@ -133,15 +131,20 @@ class _Bucket:
 
 class _Layout:
     """What is known of one engine layout: its specs (the same objects), the engine's digest
-    order when writing in place, the buckets checked against them, and the sums buffer and
-    report layout of an in-place sync."""
+    order when writing in place, the buckets checked against them, the last sequence of
+    buckets found complete, and the sums buffer and report layout of an in-place sync."""
 
     def __init__(self, specs: Mapping[str, TensorSpec], order: Sequence[str] | None) -> None:
         self.specs = dict(specs)
         self.spec_objects = list(specs.values())
-        self.order = None if order is None else list(order)
+        dtypes = {spec.dtype for spec in self.spec_objects}
+        self.gather_dtype = dtypes.pop() if len(dtypes) == 1 else None
+        self.order_given = order
+        # a tuple, the same object every sync: what an in-place sync lends, all at once
+        self.order: tuple[str, ...] | None = None if order is None else tuple(order)
         self.positions = {} if order is None else {name: i for i, name in enumerate(order)}
         self.buckets: dict[tuple[str, ...], _Bucket] = {}
+        self.complete: list[_Bucket] = []
         self._sums: torch.Tensor | None = None
         self._report: CombinedDigest | None = None
 
@@ -149,8 +152,10 @@ class _Layout:
         return (
             len(specs) == len(self.spec_objects)
             and all(map(operator.is_, specs.values(), self.spec_objects))
-            and list(specs) == list(self.specs)
-            and (None if order is None else list(order)) == self.order
+            and specs.keys() == self.specs.keys()
+            and (
+                order is self.order_given or (None if order is None else tuple(order)) == self.order
+            )
         )
 
     def sums(self, device: torch.device) -> torch.Tensor:
@@ -185,15 +190,17 @@ class _Stream:
     layout: _Layout
     name_map: Callable[[str], str]
     verify: bool
-    # Writing in place: the engine's loader, and the sums of what was written there,
-    # accumulated on the device.
+    # Writing in place: the engine's loader, every weight's target (lent at once, in the
+    # engine's digest order), and the sums of what was written there, on the device.
     in_place: InPlaceWeightLoader | None
-    sent: set[str] = attrs.field(factory=set)
-    sent_bytes: int = 0
+    lent: list[torch.Tensor] = attrs.field(factory=list)
+    sent_sums: torch.Tensor | None = None
+    # The buckets as checked, in the order they came; duplicates and gaps are looked for once
+    # the stream is drained (a failed sync leaves the engine stale, whatever it wrote).
+    sent: list[_Bucket] = attrs.field(factory=list)
     # Queued on the device bucket by bucket and read back once at the end: a host sync per
     # tensor (or per bucket) would stall the stream of gathers and copies.
     sent_digests: PendingDigests = attrs.field(factory=PendingDigests)
-    sent_sums: torch.Tensor | None = None
     buckets: int = 0
 
     def run(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], load: WeightLoader) -> None:
@@ -217,20 +224,20 @@ class _Stream:
             return
         tensors = list(map(_TENSOR, bucket))
         entry = self._checked(bucket, tensors)
-        if not self.sent.isdisjoint(entry.names):
-            twice = next(name for name in entry.names if name in self.sent)
-            raise WeightSyncError(f"weight {twice!r} was sent twice in one sync")
-        self.sent.update(entry.names)
-        self.sent_bytes += entry.nbytes
+        self.sent.append(entry)
         if not self.verify:
             # The engine casts while it copies: no intermediate copy of the bucket.
             load(list(zip(entry.names, tensors, strict=True)))
         elif self.in_place is not None:
             # One cast copy straight into the engine's storage; the sent fingerprint is taken
             # from the values as they are written.
-            targets = self.in_place.targets(entry.names)
             if self.sent_sums is None:
-                self.sent_sums = self.layout.sums(targets[0].device)
+                # Every weight is lent at once, the first time a bucket needs one: one call
+                # into the engine per sync, however many buckets.
+                assert self.layout.order is not None
+                self.lent = self.in_place.targets(self.layout.order)
+                self.sent_sums = self.layout.sums(self.lent[0].device)
+            targets = list(map(self.lent.__getitem__, entry.positions))
             plan = entry.plan
             if plan is None or not plan.matches(tensors, targets, entry.positions):
                 plan = entry.plan = CopyPlan(tensors, targets, entry.positions, targets[0].device)
@@ -294,14 +301,26 @@ class _Stream:
             positions=[positions[name] for name in names] if positions else [],
         )
 
-    def check_complete(self) -> None:
-        # every name sent was checked to be one of the engine's, so equal counts mean all
-        if len(self.sent) != len(self.layout.specs):
-            missing = sorted(set(self.layout.specs) - self.sent)
-            raise WeightSyncError(
-                f"the trainer sent no value for {len(missing)} engine weight(s), e.g. "
-                f"{missing[:5]}: the engine would serve a mix of old and new weights"
-            )
+    def check_complete(self) -> tuple[int, int]:
+        """Every engine weight sent exactly once, or ``WeightSyncError``; the tensors and bytes
+        sent. The buckets of the last complete sync, in the same order, pass as they are."""
+        complete = self.layout.complete
+        if len(self.sent) != len(complete) or not all(map(operator.is_, self.sent, complete)):
+            sent: set[str] = set()
+            for entry in self.sent:
+                if not sent.isdisjoint(entry.names):
+                    twice = next(name for name in entry.names if name in sent)
+                    raise WeightSyncError(f"weight {twice!r} was sent twice in one sync")
+                sent.update(entry.names)
+            # every name sent was checked to be one of the engine's
+            if len(sent) != len(self.layout.specs):
+                missing = sorted(set(self.layout.specs) - sent)
+                raise WeightSyncError(
+                    f"the trainer sent no value for {len(missing)} engine weight(s), e.g. "
+                    f"{missing[:5]}: the engine would serve a mix of old and new weights"
+                )
+            self.layout.complete = list(self.sent)
+        return len(self.layout.specs), sum(entry.nbytes for entry in self.sent)
 
     def verify_engine(self, engine: RolloutEngine) -> str:
         """Compares what the engine holds with what was sent; the combined digest of what was
