@@ -109,21 +109,22 @@ def _copy_rows_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel's argu
 
 
 @triton.jit  # type: ignore[untyped-decorator, unused-ignore]  # Triton is untyped
-def _entry_sums_kernel(table, partial, out, ROW_ELEMENTS: tl.constexpr, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # as above
-    # One program per tensor adds up its rows' sums: per-row atomics on one address would
-    # serialise a large tensor's rows.
-    entry = table + 5 * tl.program_id(0).to(tl.int64)
-    first = tl.load(entry)
-    rows = (tl.load(entry + 3) + ROW_ELEMENTS - 1) // ROW_ELEMENTS
-    position = tl.load(entry + 4)
+def _chunk_sums_kernel(chunks, partial, out, BLOCK: tl.constexpr, STEPS: tl.constexpr):  # type: ignore[no-untyped-def]  # as above
+    # One program per chunk of up to BLOCK * STEPS rows of one tensor adds them up: a program
+    # per tensor would sum a large tensor's rows alone, and per-row atomics on one address
+    # would serialise them.
+    chunk = chunks + 3 * tl.program_id(0).to(tl.int64)
+    first = tl.load(chunk)
+    rows = tl.load(chunk + 1)
+    position = tl.load(chunk + 2)
     plain = tl.zeros([BLOCK], tl.int64)
     local = tl.zeros([BLOCK], tl.int64)
-    for start in range(0, rows, BLOCK):
-        at = first + start + tl.arange(0, BLOCK)
-        kept = start + tl.arange(0, BLOCK) < rows
-        plain += tl.load(partial + 2 * at, mask=kept, other=0)
-        local += tl.load(partial + 2 * at + 1, mask=kept, other=0)
-    # Atomic: two tables (two dtype pairs) may add to one output row.
+    for step in tl.static_range(STEPS):
+        at = step * BLOCK + tl.arange(0, BLOCK)
+        kept = at < rows
+        plain += tl.load(partial + 2 * (first + at), mask=kept, other=0)
+        local += tl.load(partial + 2 * (first + at) + 1, mask=kept, other=0)
+    # Atomic: a tensor's chunks, and two tables (two dtype pairs), may add to one output row.
     tl.atomic_add(out + 2 * position, tl.sum(plain, axis=0))
     tl.atomic_add(out + 2 * position + 1, tl.sum(local, axis=0))
 
@@ -145,12 +146,17 @@ COPY_DTYPES = frozenset(_TRITON_DTYPES)
 """The source and target dtypes the copy kernels take."""
 
 
+_CHUNK_BLOCK = 256
+_CHUNK_STEPS = 4
+_CHUNK_ROWS = _CHUNK_BLOCK * _CHUNK_STEPS
+
+
 class PreparedCopy(NamedTuple):
     """A :class:`CopyTable` on the device, with what its launches need."""
 
     table: torch.Tensor
+    chunks: torch.Tensor  # (first row, rows, position) of each chunk of a tensor's rows
     rows: int
-    entries: int
     search: int
     words: int
     per_word: int
@@ -164,20 +170,28 @@ def prepare_copy(table: CopyTable, device: torch.device) -> PreparedCopy:
     :data:`COPY_DTYPES`), its target 4-byte aligned."""
     count = len(table.facts) // 5
     search = max(1, (count - 1).bit_length())
-    padded = array("q", table.facts)
+    host = array("q", table.facts)
     # Entries past the last start after every row: the search probes up to entry
     # 2**search - 1, the step to a row's next entry up to entry `count`.
-    padded.extend([1 << 62, 0, 0, 0, 0] * (max(1 << search, count + 1) - count))
-    # Pinned and non-blocking: the table is queued behind the kernels before it, no host sync.
-    # (An array becomes a tensor without a Python step per value.)
-    host = torch.frombuffer(padded, dtype=torch.int64).pin_memory()
+    host.extend([1 << 62, 0, 0, 0, 0] * (max(1 << search, count + 1) - count))
+    entries = len(host)
+    per_word = 4 // table.target.itemsize
+    row_elements = table.words * per_word
+    facts = table.facts
+    for first, numel, position in zip(facts[0::5], facts[3::5], facts[4::5], strict=True):
+        rows = -(-numel // row_elements)
+        for start in range(0, rows, _CHUNK_ROWS):
+            host.extend((first + start, min(_CHUNK_ROWS, rows - start), position))
+    # Both tables in one pinned, non-blocking transfer: queued behind the kernels before it,
+    # no host sync. (An array becomes a tensor without a Python step per value.)
+    on_device = torch.frombuffer(host, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
     return PreparedCopy(
-        table=host.to(device, non_blocking=True),
+        table=on_device[:entries],
+        chunks=on_device[entries:],
         rows=table.rows,
-        entries=count,
         search=search,
         words=table.words,
-        per_word=4 // table.target.itemsize,
+        per_word=per_word,
         source=_TRITON_DTYPES[table.source],
         target=_TRITON_DTYPES[table.target],
     )
@@ -186,7 +200,8 @@ def prepare_copy(table: CopyTable, device: torch.device) -> PreparedCopy:
 def launch_copy(prepared: PreparedCopy, out: torch.Tensor) -> None:
     """Copies each tensor of the table from its source to its target address (cast to the
     target dtype) and adds the fingerprint sums of the values written to ``out[position]``
-    (``(k, 2)`` int64 on the table's device), in two kernels (one per row, one per tensor)."""
+    (``(k, 2)`` int64 on the table's device), in two kernels (one per row, one per chunk of a
+    tensor's rows)."""
     if not prepared.rows:
         return
     partial = torch.empty((prepared.rows, 2), dtype=torch.int64, device=out.device)
@@ -202,11 +217,11 @@ def launch_copy(prepared: PreparedCopy, out: torch.Tensor) -> None:
         ROWS=_ROWS_PER_PROGRAM,
         num_warps=_COPY_WARPS,
     )
-    _entry_sums_kernel[(prepared.entries,)](
-        prepared.table,
+    _chunk_sums_kernel[(prepared.chunks.numel() // 3,)](
+        prepared.chunks,
         partial,
         out,
-        ROW_ELEMENTS=prepared.words * prepared.per_word,
-        BLOCK=256,
+        BLOCK=_CHUNK_BLOCK,
+        STEPS=_CHUNK_STEPS,
         num_warps=4,
     )

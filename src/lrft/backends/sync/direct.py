@@ -147,6 +147,9 @@ class _Layout:
         self.complete: list[_Bucket] = []
         self._sums: torch.Tensor | None = None
         self._report: CombinedDigest | None = None
+        self._host: tuple[torch.Tensor, torch.cuda.Event, torch.cuda.Event, torch.device] | None = (
+            None
+        )
 
     def describes(self, specs: Mapping[str, TensorSpec], order: Sequence[str] | None) -> bool:
         return (
@@ -167,6 +170,18 @@ class _Layout:
         else:
             self._sums.zero_()
         return self._sums
+
+    def host_sums(
+        self, device: torch.device
+    ) -> tuple[torch.Tensor, torch.cuda.Event, torch.cuda.Event]:
+        """Pinned host memory for the sent and held sums, and the events their copies from
+        ``device`` record, kept from sync to sync."""
+        assert self.order is not None
+        if self._host is None or self._host[3] != device:
+            both = torch.empty((2, len(self.order), 2), dtype=torch.int64, pin_memory=True)
+            events = torch.cuda.Event(), torch.cuda.Event()  # type: ignore[no-untyped-call]  # unannotated in torch
+            self._host = (both, *events, device)
+        return self._host[:3]
 
     def report(self) -> CombinedDigest:
         assert self.order is not None
@@ -329,17 +344,36 @@ class _Stream:
             sent = self.sent_digests.resolve()
             _verify(sent, engine.weights_digest())
             return combine_digests(sent)
-        held = self.in_place.digest_sums()
-        sent_sums = self.sent_sums if self.sent_sums is not None else torch.zeros_like(held)
-        # Both sums come to the host in one transfer, the sync's only wait for the device;
-        # strings are made only for the report, or to name what differs.
-        both = torch.stack((sent_sums, held)).to("cpu")
+        return self._verify_in_place(self.in_place)
+
+    def _verify_in_place(self, load: InPlaceWeightLoader) -> str:
+        layout = self.layout
+        written = self.sent_sums
+        if written is None or written.device.type != "cuda":
+            held = load.digest_sums()
+            both = torch.stack((torch.zeros_like(held) if written is None else written, held))
+            both = both.to("cpu")
+            report = layout.report().of(both[0])
+        else:
+            # The sent sums are final once the copies are: they travel to the host ahead of the
+            # engine's digest, and the report is made from them while the device digests.
+            both, sent_ready, held_ready = layout.host_sums(written.device)
+            both[0].copy_(written, non_blocking=True)
+            sent_ready.record()
+            both[1].copy_(load.digest_sums(), non_blocking=True)
+            held_ready.record()
+            sent_ready.synchronize()
+            report = layout.report().of(both[0])
+            held_ready.synchronize()
+        # strings are made only for the report, or to name what differs
         if not torch.equal(both[0], both[1]):
-            order = self.layout.order
-            assert order is not None
-            specs = [self.layout.specs[name] for name in order]
-            _verify(format_digests(order, specs, both[0]), format_digests(order, specs, both[1]))
-        return self.layout.report().of(both[0])
+            assert layout.order is not None
+            specs = [layout.specs[name] for name in layout.order]
+            _verify(
+                format_digests(layout.order, specs, both[0]),
+                format_digests(layout.order, specs, both[1]),
+            )
+        return report
 
 
 @functools.cache
