@@ -175,8 +175,20 @@ class CopyPlan:
         return (
             list(positions) == self._positions
             and self._targets.same_as(targets)
-            and _source_key(sources) == self._sources
+            and self.matches_sources(sources)
         )
+
+    def matches_sources(self, sources: Sequence[torch.Tensor]) -> bool:
+        """:meth:`matches` for a caller that knows the targets are the plan's own, still at
+        their addresses: every source at the address, of the shape, dtype and layout it was
+        prepared for."""
+        return _source_key(sources) == self._sources
+
+    @property
+    def writes_eagerly(self) -> bool:
+        """Whether some tensors are copied outside the kernels (odd dtypes, layouts or
+        alignment): only then does :meth:`run` read its ``targets``."""
+        return bool(self._rest)
 
     @property
     def captured(self) -> bool:
@@ -191,7 +203,8 @@ class CopyPlan:
         out: torch.Tensor,
     ) -> None:
         """The copy and the sums into ``out`` (on the plan's device), for the lists the plan
-        was made from or that :meth:`matches` accepted."""
+        was made from or that :meth:`matches` accepted (``targets`` may be empty unless the
+        plan :attr:`writes_eagerly`)."""
         if out.device != self.device:
             raise ValueError(f"CopyPlan for {self.device} run with out on {out.device}")
         if self._prepared:

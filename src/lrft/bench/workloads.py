@@ -146,7 +146,7 @@ class TrainMfuSpec:
 
 @attrs.frozen(kw_only=True)
 class SyncSpec:
-    """``repeats`` timed syncs after one warm-up sync."""
+    """``repeats`` timed rounds of syncs after two warm-up syncs of each kind."""
 
     repeats: int = attrs.field(validator=v.positive_int)
 

@@ -127,6 +127,7 @@ class _Bucket:
     nbytes: int
     positions: list[int]
     plan: CopyPlan | None = None
+    lent_epoch: int = -1  # of the targets the plan writes to
 
 
 class _Layout:
@@ -145,6 +146,8 @@ class _Layout:
         self.positions = {} if order is None else {name: i for i, name in enumerate(order)}
         self.buckets: dict[tuple[str, ...], _Bucket] = {}
         self.complete: list[_Bucket] = []
+        self.lent_epoch = 0
+        self._lent_addresses: list[int] = []
         self._sums: torch.Tensor | None = None
         self._report: CombinedDigest | None = None
         self._host: tuple[torch.Tensor, torch.cuda.Event, torch.cuda.Event, torch.device] | None = (
@@ -160,6 +163,20 @@ class _Layout:
                 order is self.order_given or (None if order is None else tuple(order)) == self.order
             )
         )
+
+    def lend(self, load: InPlaceWeightLoader) -> list[torch.Tensor]:
+        """Every weight's target, in the digest order. A plan writes to the addresses its
+        targets had: the epoch moves on whenever an address changed since the last sync (the
+        engine's storage moved), which retires every plan. Addresses alone decide, because a
+        lent target always has its weight's shape, dtype and layout (the rollout conformance
+        suite checks that)."""
+        assert self.order is not None
+        lent = load.targets(self.order)
+        addresses = list(map(torch.Tensor.data_ptr, lent))
+        if addresses != self._lent_addresses:
+            self._lent_addresses = addresses
+            self.lent_epoch += 1
+        return lent
 
     def sums(self, device: torch.device) -> torch.Tensor:
         """The buffer an in-place sync sums what it writes into, zeroed; at one address sync
@@ -238,7 +255,13 @@ class _Stream:
         if not bucket:
             return
         tensors = list(map(_TENSOR, bucket))
-        entry = self._checked(bucket, tensors)
+        key = tuple(map(_NAME, bucket))
+        known = self.layout.buckets.get(key)
+        if self.in_place is not None and known is not None and self._rerun(known, tensors):
+            # The plan's check of the sources covers their shapes, the entry's when planned.
+            self.sent.append(known)
+            return
+        entry = self._checked(key, known, bucket, tensors)
         self.sent.append(entry)
         if not self.verify:
             # The engine casts while it copies: no intermediate copy of the bucket.
@@ -246,16 +269,11 @@ class _Stream:
         elif self.in_place is not None:
             # One cast copy straight into the engine's storage; the sent fingerprint is taken
             # from the values as they are written.
-            if self.sent_sums is None:
-                # Every weight is lent at once, the first time a bucket needs one: one call
-                # into the engine per sync, however many buckets.
-                assert self.layout.order is not None
-                self.lent = self.in_place.targets(self.layout.order)
-                self.sent_sums = self.layout.sums(self.lent[0].device)
+            self._lend(self.in_place)
             targets = list(map(self.lent.__getitem__, entry.positions))
-            plan = entry.plan
-            if plan is None or not plan.matches(tensors, targets, entry.positions):
-                plan = entry.plan = CopyPlan(tensors, targets, entry.positions, targets[0].device)
+            plan = entry.plan = CopyPlan(tensors, targets, entry.positions, targets[0].device)
+            entry.lent_epoch = self.layout.lent_epoch
+            assert self.sent_sums is not None
             plan.run(tensors, targets, self.sent_sums)
         else:
             # The cast must exist to be fingerprinted, so it is written, in one fused copy,
@@ -267,17 +285,42 @@ class _Stream:
             self.sent_digests.add_buffer(entry.names, cast)
             load(list(zip(entry.names, cast.views, strict=True)))
 
+    def _lend(self, load: InPlaceWeightLoader) -> None:
+        if self.sent_sums is None:
+            # Every weight is lent at once, the first time a bucket needs one: one call into
+            # the engine per sync, however many buckets.
+            self.lent = self.layout.lend(load)
+            self.sent_sums = self.layout.sums(self.lent[0].device)
+
+    def _rerun(self, entry: _Bucket, tensors: list[torch.Tensor]) -> bool:
+        """Writes a known bucket in place through its plan, if the plan still holds: the
+        targets where they were when it was made, the sources where and as they were."""
+        assert self.in_place is not None
+        plan = entry.plan
+        if plan is None:
+            return False
+        self._lend(self.in_place)
+        if entry.lent_epoch != self.layout.lent_epoch or not plan.matches_sources(tensors):
+            return False
+        assert self.sent_sums is not None
+        # the kernels write to the addresses in the plan: targets only for what they do not take
+        targets = list(map(self.lent.__getitem__, entry.positions)) if plan.writes_eagerly else []
+        plan.run(tensors, targets, self.sent_sums)
+        return True
+
     def _checked(
-        self, bucket: list[tuple[str, torch.Tensor]], tensors: list[torch.Tensor]
+        self,
+        key: tuple[str, ...],
+        known: _Bucket | None,
+        bucket: list[tuple[str, torch.Tensor]],
+        tensors: list[torch.Tensor],
     ) -> _Bucket:
-        """The bucket's checked entry: looked up by its trainer names and its tensors' shapes
-        compared (C calls per tensor), or checked in full the first time."""
-        buckets = self.layout.buckets
-        key = tuple(map(_NAME, bucket))
-        entry = buckets.get(key)
-        if entry is not None and list(map(_SHAPE, tensors)) == entry.shapes:
-            return entry
+        """The bucket's checked entry: the known one if its tensors' shapes are the same
+        (C calls per tensor), else checked in full."""
+        if known is not None and list(map(_SHAPE, tensors)) == known.shapes:
+            return known
         entry = self._check(bucket)
+        buckets = self.layout.buckets
         if len(buckets) >= _MAX_BUCKETS:
             buckets.clear()
         buckets[key] = entry

@@ -132,7 +132,6 @@ class FSDP2FrozenModel(OffloadableModel):
         if bucket:
             yield bucket
 
-    @torch.no_grad()
     def _local_buckets(self, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """One rank: each shard is the whole tensor, so a bucket is the shards themselves (moved
         to the device if they are on the host, a bucket at a time). This is the hot path of a
@@ -140,7 +139,8 @@ class FSDP2FrozenModel(OffloadableModel):
         loop over its parameters: each property of every shard is read with one C call
         (``map``), the bucket bounds are kept while the shards' sizes stay the same, and
         ``_local_tensor`` is read directly, because ``to_local`` re-wraps the shard as a
-        Parameter view on every call."""
+        Parameter view on every call. (No ``no_grad`` context per step of the generator: a
+        shard that requires grad, if any, is detached after its move.)"""
         shards = (
             list(map(_LOCAL_TENSOR, self._sharded))
             if self._all_dtensors
