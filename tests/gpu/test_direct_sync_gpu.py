@@ -1,0 +1,45 @@
+"""The direct sync's in-place path on CUDA, where each bucket goes through the copy kernels and,
+from its second sync on, replays them from a CUDA graph: one DirectSync, synced again and again
+with new values, across sleeps that move or drop the engine's storage, always leaves torch's
+casts of what was sent and reports their combined digest.
+
+Skipped with a reason where CUDA is missing (CI has none).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lrft.api import combine_digests
+from lrft.api.digest import tensor_digests
+from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
+from lrft.backends.sync import DirectSync
+from lrft.testing.models import tiny_causal_lm
+from tests.unit.test_direct_sync_paths import _held, _Weights
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+DEVICE = torch.device("cuda", 0)
+
+
+def test_repeated_in_place_syncs_on_cuda_follow_values_and_moved_storage() -> None:
+    trained = tiny_causal_lm(3)
+    source = _Weights({n: p.detach().clone().to(DEVICE) for n, p in trained.named_parameters()})
+    config = HFEngineConfig(dtype=torch.bfloat16, device=DEVICE)
+    engine = HFRolloutEngine(tiny_causal_lm(0), config=config)
+    sync = DirectSync(bucket_bytes=4 * 1024)
+    for step, sleep in enumerate([None, None, None, 1, None, 2, None, None], start=1):
+        if sleep is not None:
+            engine.sleep(sleep)  # level 1 parks the weights, level 2 drops them
+            engine.wake()  # either way the weights come back at new addresses
+        for tensor in source.named.values():
+            tensor.mul_(-0.5).add_(step)  # new values at the same addresses
+        report = sync.sync(source, engine, version=step)
+        casts = {name: tensor.to(torch.bfloat16) for name, tensor in source.named.items()}
+        held = _held(engine)
+        assert all(torch.equal(held[name], value) for name, value in casts.items()), step
+        assert report.digest == combine_digests(tensor_digests(casts)), step
+        assert report.buckets > 1
+        assert engine.weights_version == step
+    engine.shutdown()
