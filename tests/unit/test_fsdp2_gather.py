@@ -13,6 +13,7 @@ from torch.distributed.tensor import DTensor
 
 from lrft.backends.train._fsdp2_gather import gather_full
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
+from lrft.testing.models import tiny_causal_lm
 
 if TYPE_CHECKING:
     from lrft.backends.train._fsdp2_models import FSDP2FrozenModel
@@ -172,3 +173,44 @@ class TestGatherDtypeWorld1(DistributedSuite):
 
     def test_one_rank_gathers_nothing_and_casts_nothing(self, pool: RankPool) -> None:
         assert pool.run(_dtypes_on_one_rank) == [{torch.float32, torch.bfloat16}]
+
+
+def _local_buckets_across_calls() -> list[str]:
+    """One rank keeps the last call's bucket bounds and checks them bucket by bucket: a new
+    bound, the old bound again, and shards whose sizes change part-way through the model must
+    all give greedy buckets of the shards as they are now."""
+    from lrft.api.optim import OptimizerConfig
+    from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
+    from lrft.testing.conformance._train_checks import check_buckets
+
+    model = tiny_causal_lm(seed=3)
+    trainable = FSDP2Backend(FSDP2Config(mixed_precision=False)).prepare_trainable(
+        model, optimizer=OptimizerConfig(lr=1e-2)
+    )
+    params = dict(trainable.module.named_parameters())
+    problems: list[str] = []
+
+    def collect(bound: int, what: str) -> None:
+        buckets = [list(b) for b in trainable.full_weights(bound)]
+        check_buckets(buckets, bound, what)
+        for name, tensor in (pair for bucket in buckets for pair in bucket):
+            local = params[name]
+            expected = local.to_local() if isinstance(local, DTensor) else local
+            if tensor.dtype != expected.dtype or not torch.equal(tensor, expected):
+                problems.append(f"{what}: {name}")
+
+    for bound in (4096, 64 * 1024, 4096, 64 * 1024):
+        collect(bound, f"bound {bound}")
+    # the second half of the shards doubles in size (as a cast of those parameters would)
+    late = [p for p in params.values() if isinstance(p, DTensor)][len(params) // 2 :]
+    for param in late:
+        param._local_tensor = param._local_tensor.double()
+    collect(64 * 1024, "after a size change")
+    return problems
+
+
+class TestLocalBucketsWorld1(DistributedSuite):
+    world_size = 1
+
+    def test_bounds_follow_the_bound_and_the_shards_sizes(self, pool: RankPool) -> None:
+        assert pool.run(_local_buckets_across_calls) == [[]]

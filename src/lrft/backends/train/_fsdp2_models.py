@@ -65,7 +65,8 @@ class FSDP2FrozenModel(OffloadableModel):
         self._names = [entry.name for entry in self._entries]
         self._sharded = [entry.param for entry in self._entries]
         self._all_dtensors = all(isinstance(p, DTensor) for p in self._sharded)
-        self._last_bounds: tuple[tuple[int, list[int]], list[tuple[int, int]]] | None = None
+        # bucket_bytes, the shards' sizes and the bucket bounds of the last local sync
+        self._last_bounds: tuple[int, list[int], list[tuple[int, int]]] | None = None
 
     @property
     def module(self) -> torch.nn.Module:
@@ -137,41 +138,59 @@ class FSDP2FrozenModel(OffloadableModel):
         to the device if they are on the host, a bucket at a time). This is the hot path of a
         colocated sync on one GPU, where a small model's copies take less time than a Python
         loop over its parameters: each property of every shard is read with one C call
-        (``map``), the bucket bounds are kept while the shards' sizes stay the same, and
-        ``_local_tensor`` is read directly, because ``to_local`` re-wraps the shard as a
-        Parameter view on every call. (No ``no_grad`` context per step of the generator: a
-        shard that requires grad, if any, is detached after its move.)"""
-        shards = (
-            list(map(_LOCAL_TENSOR, self._sharded))
-            if self._all_dtensors
-            else [p._local_tensor if isinstance(p, DTensor) else p for p in self._sharded]
-        )
-        index = self._device.index if self._device.type == "cuda" else -1
-        resident = list(map(torch.Tensor.get_device, shards)).count(index) == len(shards)
-        for first, end in self._bounds(bucket_bytes, list(map(_NBYTES, shards))):
-            bucket = shards[first:end]
-            if not resident:
-                bucket = [s if s.get_device() == index else s.to(self._device) for s in bucket]
-            # FSDP2's shards do not require grad: the aliases are handed out as they are
-            if any(map(_REQUIRES_GRAD, bucket)):
-                bucket = [s.detach() for s in bucket]
-            yield list(zip(self._names[first:end], bucket, strict=True))
+        (``map``), ``_local_tensor`` is read directly (``to_local`` re-wraps the shard as a
+        Parameter view on every call), and the bounds of the last call are kept and checked
+        bucket by bucket, so that the first bucket goes out before the rest are looked at.
+        (No ``no_grad`` context per step of the generator: a shard that requires grad, if any,
+        is detached after its move.)"""
+        known = self._last_bounds
+        if known is None or known[0] != bucket_bytes:
+            known = self._plan_bounds(bucket_bytes, [], [])
+        k = 0
+        while k < len(known[2]):
+            first, end = known[2][k]
+            shards = self._shards(first, end)
+            if list(map(_NBYTES, shards)) != known[1][first:end]:
+                # sizes changed since: the bounds again, from this bucket on
+                known = self._plan_bounds(bucket_bytes, known[1][:first], known[2][:k])
+                first, end = known[2][k]
+                shards = self._shards(first, end)
+            yield self._bucket(first, shards)
+            k += 1
 
-    def _bounds(self, bucket_bytes: int, sizes: list[int]) -> list[tuple[int, int]]:
-        """Greedy in-order buckets of shards of ``sizes`` bytes, as ``(first, end)`` indices."""
-        if self._last_bounds is not None and self._last_bounds[0] == (bucket_bytes, sizes):
-            return self._last_bounds[1]
-        bounds: list[tuple[int, int]] = []
-        first = size = 0
-        for i, nbytes in enumerate(sizes):
-            if i > first and size + nbytes > bucket_bytes:
-                bounds.append((first, i))
-                first, size = i, 0
-            size += nbytes
-        if first < len(sizes):
-            bounds.append((first, len(sizes)))
-        self._last_bounds = ((bucket_bytes, sizes), bounds)
-        return bounds
+    def _shards(self, first: int, end: int) -> list[torch.Tensor]:
+        params = self._sharded[first:end]
+        if self._all_dtensors:
+            return list(map(_LOCAL_TENSOR, params))
+        return [p._local_tensor if isinstance(p, DTensor) else p for p in params]
+
+    def _bucket(self, first: int, shards: list[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+        index = self._device.index if self._device.type == "cuda" else -1
+        if list(map(torch.Tensor.get_device, shards)).count(index) != len(shards):
+            shards = [s if s.get_device() == index else s.to(self._device) for s in shards]
+        # FSDP2's shards do not require grad: the aliases are handed out as they are
+        if any(map(_REQUIRES_GRAD, shards)):
+            shards = [s.detach() for s in shards]
+        return list(zip(self._names[first : first + len(shards)], shards, strict=True))
+
+    def _plan_bounds(
+        self, bucket_bytes: int, sizes: list[int], bounds: list[tuple[int, int]]
+    ) -> tuple[int, list[int], list[tuple[int, int]]]:
+        """Greedy in-order bounds ``(first, end)`` of buckets: ``bounds`` (those of the shards
+        ``sizes`` gives), then the rest, by the sizes the shards have now."""
+        start = len(sizes)
+        sizes = sizes + list(map(_NBYTES, self._shards(start, len(self._sharded))))
+        bounds = list(bounds)
+        size = 0
+        for i in range(start, len(sizes)):
+            if i > start and size + sizes[i] > bucket_bytes:
+                bounds.append((start, i))
+                start, size = i, 0
+            size += sizes[i]
+        if start < len(sizes):
+            bounds.append((start, len(sizes)))
+        self._last_bounds = (bucket_bytes, sizes, bounds)
+        return self._last_bounds
 
     def _destination(self, to_host: bool) -> torch.device:
         return torch.device("cpu") if to_host else self._device
