@@ -27,53 +27,33 @@ are read back on the host only when :class:`PendingDigests` resolves them.
 Writing and fingerprinting at once: :func:`copy_with_digest` (and :class:`CopyPlan`, for the
 same tensors again and again) casts tensors into their targets and sums what it wrote, so that a
 weight sync writing into an engine's storage needs no second pass to know what it sent. The
-fingerprint strings are made in ``_digest_strings``.
+fingerprint strings are made in ``_digest_strings``, the staged fingerprints of any tensors in
+``_digest_plan`` and the copy plans in ``_copy_plan``.
 """
 
 from __future__ import annotations
 
 import functools
-import operator
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
 import torch
 
+from lrft.api._copy_plan import CopyPlan as CopyPlan
+from lrft.api._digest_plan import DigestPlan as DigestPlan
+from lrft.api._digest_plan import digest_sums_many as digest_sums_many
+from lrft.api._digest_rows import ROW_WORDS as ROW_WORDS
+from lrft.api._digest_rows import STAGING_BYTES as STAGING_BYTES
 from lrft.api._digest_rows import (
-    ROW_BYTES,
-    CopyTable,
-    Rows,
     add_row_sums,
     buffer_layout,
     contiguous_strides,
-    copy_kernel,
-    device_of,
-    row_groups,
-    row_layout,
 )
-from lrft.api._digest_rows import ROW_WORDS as ROW_WORDS
-from lrft.api._digest_rows import STAGING_BYTES as STAGING_BYTES
 from lrft.api._digest_strings import CombinedDigest as CombinedDigest
 from lrft.api._digest_strings import combine_digests as combine_digests
 from lrft.api._digest_strings import format_digest as format_digest
 from lrft.api._digest_strings import format_digests as format_digests
 from lrft.api._replay import Replay
-
-_SHAPE = operator.attrgetter("shape")
-_DTYPE = operator.attrgetter("dtype")
-
-
-def digest_sums_many(
-    tensors: Sequence[torch.Tensor], *, staging_bytes: int = STAGING_BYTES
-) -> torch.Tensor:
-    """The fingerprint sums ``(plain, weighted)`` of every tensor, as a ``(len(tensors), 2)``
-    int64 tensor on their device (one device for all), without a host sync.
-
-    The tensors are copied into a staging buffer of at most ``staging_bytes``; they may be
-    released or overwritten as soon as this returns.
-    """
-    return DigestPlan(tensors, staging_bytes=staging_bytes).sums()
 
 
 def copy_with_digest(
@@ -94,205 +74,6 @@ def copy_with_digest(
     the same for a list of tensors copied again and again.
     """
     CopyPlan(sources, targets, positions, out.device).run(sources, targets, out)
-
-
-class CopyPlan:
-    """:func:`copy_with_digest` of one list of tensors, prepared for being run again: the
-    checks of every tensor and the kernels' tables on the device are made once, and on CUDA the
-    kernel launches are replayed from a CUDA graph from the plan's second run on (one launch
-    instead of two per pair of dtypes, the cost that dominates a small bucket on a slow host).
-
-    A plan refers to its tensors by address. :meth:`matches` says whether other lists may run
-    through it: sources of the same addresses, shapes, dtypes, layout and device (the same
-    tensors with new values, or new tensors where the old ones were), and the very same target
-    tensors, still at their addresses (an engine lends the same views while its storage stays
-    where it is). A weight sync keeps a plan per bucket and checks it so, which costs a few
-    property reads per tensor instead of the checks and a table transfer per bucket. The plan
-    holds no reference to its tensors, only to the last ``out`` it ran with.
-    """
-
-    def __init__(
-        self,
-        sources: Sequence[torch.Tensor],
-        targets: Sequence[torch.Tensor],
-        positions: Sequence[int],
-        device: torch.device,
-    ) -> None:
-        self.device = device
-        self._sources = _source_key(sources)
-        self._targets = _LentTargets(targets)
-        self._positions = list(positions)
-        # One pass over the tensors that checks them and writes the kernels' tables as it goes.
-        index = device.index if device.type == "cuda" else None
-        kernel = copy_kernel() if index is not None else None
-        tables: dict[tuple[torch.dtype, torch.dtype], CopyTable] = {}
-        self._rest: list[int] = []
-        for i, (source, target) in enumerate(zip(sources, targets, strict=True)):
-            if source.shape != target.shape:
-                raise ValueError(
-                    f"copy_with_digest: source {i} has shape {tuple(source.shape)}, its target "
-                    f"{tuple(target.shape)}"
-                )
-            if kernel is not None:
-                pair = (source.dtype, target.dtype)
-                table = tables.get(pair)
-                if table is None and pair[0] in kernel.dtypes and pair[1] in kernel.dtypes:
-                    table = tables[pair] = CopyTable(pair[0], pair[1], kernel.words)
-                if (
-                    table is not None
-                    and source.get_device() == index
-                    and target.get_device() == index
-                    and source.is_contiguous()
-                    and target.is_contiguous()
-                ):
-                    address = target.data_ptr()
-                    if address % 4 == 0:  # the kernel reads the written words back as int32
-                        table.add(source.data_ptr(), address, target.numel(), positions[i])
-                        continue
-            self._rest.append(i)
-        self._launch = kernel.launch if kernel is not None else None
-        self._prepared = [
-            kernel.prepare(table, device)
-            for table in tables.values()
-            if kernel is not None and table.rows
-        ]
-        self._rest_positions = (
-            torch.tensor([positions[i] for i in self._rest], dtype=torch.int64).to(device)
-            if self._rest
-            else None
-        )
-        self._replay: tuple[torch.Tensor, Replay] | None = None
-
-    def matches(
-        self,
-        sources: Sequence[torch.Tensor],
-        targets: Sequence[torch.Tensor],
-        positions: Sequence[int],
-    ) -> bool:
-        """Whether these lists may run through this plan: every source at the address, of the
-        shape, dtype, layout and device it was prepared for; the same target tensors at the
-        same addresses; and the same positions."""
-        return (
-            list(positions) == self._positions
-            and self._targets.same_as(targets)
-            and self.matches_sources(sources)
-        )
-
-    def matches_sources(self, sources: Sequence[torch.Tensor]) -> bool:
-        """:meth:`matches` for a caller that knows the targets are the plan's own, still at
-        their addresses: every source at the address, of the shape, dtype and layout it was
-        prepared for."""
-        return _source_key(sources) == self._sources
-
-    @property
-    def writes_eagerly(self) -> bool:
-        """Whether some tensors are copied outside the kernels (odd dtypes, layouts or
-        alignment): only then does :meth:`run` read its ``targets``."""
-        return bool(self._rest)
-
-    @property
-    def captured(self) -> bool:
-        """Whether the kernels now replay from a CUDA graph (from the second run into the same
-        ``out`` on)."""
-        return self._replay is not None and self._replay[1].captured
-
-    def run(
-        self,
-        sources: Sequence[torch.Tensor],
-        targets: Sequence[torch.Tensor],
-        out: torch.Tensor,
-    ) -> None:
-        """The copy and the sums into ``out`` (on the plan's device), for the lists the plan
-        was made from or that :meth:`matches` accepted (``targets`` may be empty unless the
-        plan :attr:`writes_eagerly`)."""
-        if out.device != self.device:
-            raise ValueError(f"CopyPlan for {self.device} run with out on {out.device}")
-        if self._prepared:
-            if self._replay is None or self._replay[0] is not out:
-                self._replay = (out, Replay(functools.partial(self._kernels, out), self.device))
-            self._replay[1]()
-        if self._rest_positions is not None:
-            written = [targets[i] for i in self._rest]
-            torch._foreach_copy_(written, [sources[i] for i in self._rest])
-            out.index_add_(0, self._rest_positions, digest_sums_many(written))
-
-    def _kernels(self, out: torch.Tensor) -> None:
-        assert self._launch is not None
-        for prepared in self._prepared:
-            self._launch(prepared, out)
-
-
-class _LentTargets:
-    """Targets by identity (weakly held, so a plan keeps no engine storage alive) and address."""
-
-    def __init__(self, targets: Sequence[torch.Tensor]) -> None:
-        self._refs = list(map(weakref.ref, targets))
-        self._addresses = list(map(torch.Tensor.data_ptr, targets))
-
-    def same_as(self, targets: Sequence[torch.Tensor]) -> bool:
-        return (
-            len(targets) == len(self._refs)
-            and list(map(torch.Tensor.data_ptr, targets)) == self._addresses
-            and all(map(operator.is_, map(operator.call, self._refs), targets))
-        )
-
-
-def _source_key(sources: Sequence[torch.Tensor]) -> tuple[list[object], ...]:
-    # One C call per tensor and property (map over the unbound methods, no Python frame). No
-    # device: addresses are unique across the host and every device of a process (CUDA's
-    # unified addressing), so the address fixes it.
-    return (
-        list(map(torch.Tensor.data_ptr, sources)),
-        list(map(_SHAPE, sources)),
-        list(map(_DTYPE, sources)),
-        list(map(torch.Tensor.is_contiguous, sources)),
-    )
-
-
-class DigestPlan:
-    """The fingerprints of a fixed list of tensors, taken again and again: the staging layout,
-    the byte views of every tensor and the row index are made once, so that each :meth:`sums`
-    costs a fixed number of kernels per staging group and no work per tensor.
-
-    The plan reads the tensors' storage as it was when the plan was made: a tensor whose data is
-    replaced (``param.data = ...``) needs a new plan. It holds a staging buffer of up to
-    ``staging_bytes`` on the tensors' device while it lives.
-    """
-
-    def __init__(
-        self, tensors: Sequence[torch.Tensor], *, staging_bytes: int = STAGING_BYTES
-    ) -> None:
-        capacity = staging_bytes // ROW_BYTES
-        if capacity < 1:
-            raise ValueError(
-                f"staging_bytes {staging_bytes} is smaller than one row of {ROW_BYTES} bytes"
-            )
-        self.device = device_of(tensors)
-        self.count = len(tensors)
-        raw = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
-        groups = row_groups([r.numel() for r in raw], capacity)
-        largest = max((group[-1].row + group[-1].rows for group in groups), default=0)
-        self._staging = torch.empty(largest * ROW_BYTES, dtype=torch.uint8, device=self.device)
-        self._groups: list[tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], Rows]]
-        self._groups = []
-        for pieces in groups:
-            rows = pieces[-1].row + pieces[-1].rows
-            buffer = self._staging[: rows * ROW_BYTES]
-            targets = [buffer[p.row * ROW_BYTES : p.row * ROW_BYTES + p.nbytes] for p in pieces]
-            sources = [
-                raw[p.tensor][p.first_row * ROW_BYTES : p.first_row * ROW_BYTES + p.nbytes]
-                for p in pieces
-            ]
-            self._groups.append((buffer, targets, sources, row_layout(pieces, self.device)))
-
-    def sums(self) -> torch.Tensor:
-        """The fingerprint sums of what the tensors hold now, ``(count, 2)`` int64 on their
-        device, without a host sync."""
-        out = torch.zeros((self.count, 2), dtype=torch.int64, device=self.device)
-        for buffer, targets, sources, rows in self._groups:
-            torch._foreach_copy_(targets, sources)
-            add_row_sums(buffer.view(torch.int32).view(-1, ROW_WORDS), rows, out)
-        return out
 
 
 class DigestBuffer:
