@@ -16,6 +16,7 @@ from lrft.api import InPlaceWeightLoader, RolloutEngine, WeightLoader, combine_d
 from lrft.api.digest import tensor_digests
 from lrft.api.errors import WeightSyncError
 from lrft.api.protocols import NamedTensors
+from lrft.api.types import SyncReport
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync import DirectSync
 from lrft.testing.conformance.sync import LoaderProxy
@@ -115,12 +116,21 @@ def test_a_repeated_sync_loads_the_new_values_also_after_the_storage_moved(
             engine.wake()
         for tensor in source.named.values():
             tensor.mul_(-0.5).add_(step)  # new values at the same addresses
-        report = sync.sync(source, engine, version=step)
-        casts = {name: tensor.to(torch.bfloat16) for name, tensor in source.named.items()}
-        held = _held(engine)
-        assert all(torch.equal(held[name], value) for name, value in casts.items()), step
-        assert report.digest == combine_digests(tensor_digests(casts))
-        assert engine.weights_version == step
+        sync_and_check(sync, source, engine, step)
+
+
+def sync_and_check(
+    sync: DirectSync, source: _Weights, engine: HFRolloutEngine, version: int
+) -> SyncReport:
+    """Syncs ``version``; the engine then holds torch's bf16 casts of what was sent, and the
+    report names their combined digest."""
+    report = sync.sync(source, engine, version=version)
+    casts = {name: tensor.to(torch.bfloat16) for name, tensor in source.named.items()}
+    held = _held(engine)
+    assert all(torch.equal(held[name], value) for name, value in casts.items()), version
+    assert report.digest == combine_digests(tensor_digests(casts)), version
+    assert engine.weights_version == version
+    return report
 
 
 class _Renamed(_Weights):
