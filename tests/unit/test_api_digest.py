@@ -12,6 +12,7 @@ from lrft.api._replay import Replay
 from lrft.api.digest import (
     ROW_WORDS,
     CombinedDigest,
+    CopyPlan,
     DigestBuffer,
     PendingDigests,
     copy_with_digest,
@@ -329,3 +330,31 @@ def test_replay_off_cuda_runs_its_launches_eagerly_every_time() -> None:
     assert not replay.captured
     assert calls == [0, 1, 2]
     assert torch.equal(total, torch.full((3,), 3.0))
+
+
+def test_a_copy_plan_matches_only_sources_and_targets_as_they_were() -> None:
+    sources = [torch.randn(4, 6), torch.randn(9)]
+    targets = [torch.zeros(4, 6, dtype=torch.bfloat16), torch.zeros(9, dtype=torch.bfloat16)]
+    plan = CopyPlan(sources, targets, [1, 0], torch.device("cpu"))
+    # Off CUDA every tensor is copied eagerly, so the run reads its targets.
+    assert plan.writes_eagerly
+    assert not plan.captured
+    assert plan.matches(sources, targets, [1, 0])
+    assert plan.matches_sources([s.mul_(2) for s in sources])  # new values, same places
+    first, second = sources
+    moved = [first.clone(), second]
+    reshaped = [first.view(6, 4), second]
+    transposed = [first.t(), second]
+    retyped = [first.view(torch.int32), second]
+    for other in (moved, reshaped, transposed, retyped):
+        assert not plan.matches_sources(other)
+        assert not plan.matches(other, targets, [1, 0])
+    assert not plan.matches(sources, [targets[0].clone(), targets[1]], [1, 0])
+    assert not plan.matches(sources, [targets[0].view(4, 6), targets[1]], [1, 0])  # new view
+    assert not plan.matches(sources, targets, [0, 1])
+    out = torch.zeros((2, 2), dtype=torch.int64)
+    plan.run(sources, targets, out)
+    assert all(torch.equal(t, s.to(torch.bfloat16)) for s, t in zip(sources, targets, strict=True))
+    wrapped = [[v % 2**64 for v in row] for row in out.tolist()]
+    expected = [[v % 2**64 for v in reference_sums(t)] for t in (targets[1], targets[0])]
+    assert wrapped == expected
