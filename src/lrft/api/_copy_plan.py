@@ -30,7 +30,8 @@ class CopyPlan:
     tensors, still at their addresses (an engine lends the same views while its storage stays
     where it is). A weight sync keeps a plan per bucket and checks it so, which costs a few
     property reads per tensor instead of the checks and a table transfer per bucket. The plan
-    holds no reference to its tensors, only to the last ``out`` it ran with.
+    holds no reference to its tensors, only to the last ``out`` it ran with; its graph keeps the
+    kernels' temporary (16 bytes per row of 4 KiB written) while the plan lives.
     """
 
     def __init__(
