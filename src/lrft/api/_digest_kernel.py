@@ -20,7 +20,7 @@ import torch
 import triton  # type: ignore[import-not-found, unused-ignore]  # CUDA builds of torch ship it; nothing else imports this
 import triton.language as tl  # type: ignore[import-not-found, unused-ignore]  # as above
 
-from lrft.api._digest_rows import CopyTable
+from lrft.api._digest_rows import CopyTable, to_device
 
 
 @triton.jit  # type: ignore[untyped-decorator, unused-ignore]  # Triton is untyped
@@ -184,7 +184,7 @@ def prepare_copy(table: CopyTable, device: torch.device) -> PreparedCopy:
             host.extend((first + start, min(_CHUNK_ROWS, rows - start), position))
     # Both tables in one pinned, non-blocking transfer: queued behind the kernels before it,
     # no host sync. (An array becomes a tensor without a Python step per value.)
-    on_device = torch.frombuffer(host, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
+    on_device = to_device(torch.frombuffer(host, dtype=torch.int64), device)
     return PreparedCopy(
         table=on_device[:entries],
         chunks=on_device[entries:],

@@ -60,7 +60,8 @@ def _side_weights(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     return cached
 
 
-def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host table on ``device``: on CUDA queued behind the work before it, no sync."""
     if device.type == "cuda":
         # A blocking copy from pageable memory waits for every kernel queued before it; a pinned
         # non-blocking one is only queued, so the digests stay free of host syncs.
@@ -75,7 +76,7 @@ def row_layout(pieces: Sequence[Piece], device: torch.device) -> Rows:
     total = pieces[-1].row + pieces[-1].rows if pieces else 0
     partial = [p.row + p.rows - 1 for p in pieces if p.nbytes % ROW_BYTES]
     facts = [value for p in pieces for value in (p.tensor, p.row, p.first_row, p.nbytes, p.rows)]
-    moved = _to_device(torch.tensor(facts + partial, dtype=torch.int64), device)
+    moved = to_device(torch.tensor(facts + partial, dtype=torch.int64), device)
     meta = moved[: len(facts)].view(-1, 5).t()
     counts = meta[4]
 

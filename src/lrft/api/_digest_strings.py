@@ -51,7 +51,6 @@ class CombinedDigest:
     text costs a few array operations, not a string per tensor."""
 
     def __init__(self, names: Sequence[str], specs: Sequence[_HasShapeAndDtype]) -> None:
-        self.specs = list(specs)
         order = sorted(range(len(names)), key=names.__getitem__)
         self._order = np.array(order, dtype=np.int64)
         text = bytearray()
