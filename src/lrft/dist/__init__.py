@@ -3,6 +3,7 @@
 from lrft.dist.collectives import (
     GenerateFn,
     all_gather_into,
+    all_gather_into_many,
     all_gather_objects,
     broadcast_object,
     mean_over_ranks,
@@ -20,6 +21,7 @@ __all__ = [
     "RolloutGroups",
     "RolloutLayout",
     "all_gather_into",
+    "all_gather_into_many",
     "all_gather_objects",
     "backend_for",
     "broadcast_object",
