@@ -12,6 +12,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from lrft.backends.train._fsdp2_gather import gather_full
+from lrft.dist.collectives import all_gather_into_many
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.testing.models import tiny_causal_lm
 
@@ -146,6 +147,38 @@ def _closed_early_then_gathered_again() -> list[str]:
     ]
 
 
+def _passes_follow_the_shards_and_free_what_was_handed_out() -> list[str]:
+    """Several passes over the same model, at two bounds and back, with the shards changed in
+    place between passes: every pass yields the shards as they are now (the kept gather plans
+    cast them again), and a bucket handed out holds no memory once the next one is asked for
+    or the pass is over."""
+    expected, frozen = _sharded_uneven(3)
+    problems: list[str] = []
+
+    def one_pass(bound: int, scale: float, what: str) -> None:
+        handed_out: list[torch.Tensor] = []
+        for bucket in frozen.full_weights(bound, gather_dtype=torch.bfloat16):
+            if handed_out and handed_out[-1].untyped_storage().nbytes() != 0:
+                problems.append(f"{what}: the previous bucket still holds memory")
+            for name, tensor in bucket:
+                reference = (expected[name] * scale).to(torch.bfloat16)
+                if not torch.equal(tensor, reference):
+                    problems.append(f"{what}: {name}")
+            handed_out.append(bucket[0][1])
+        if any(tensor.untyped_storage().nbytes() != 0 for tensor in handed_out):
+            problems.append(f"{what}: a bucket holds memory after the pass")
+
+    one_pass(64, 1.0, "first pass")
+    with torch.no_grad():
+        for param in frozen.module.parameters():
+            assert isinstance(param, DTensor)
+            param._local_tensor.mul_(2)
+    one_pass(64, 2.0, "after the shards changed")
+    one_pass(1 << 20, 2.0, "another bound")
+    one_pass(64, 2.0, "the first bound again")
+    return problems
+
+
 class TestPipelinedBucketsWorld2(DistributedSuite):
     world_size = 2
 
@@ -160,8 +193,51 @@ class TestPipelinedBucketsWorld2(DistributedSuite):
             assert facts.names == facts.module_order
             assert facts.buckets == buckets
 
+    def test_passes_follow_the_shards_and_free_what_was_handed_out(self, pool: RankPool) -> None:
+        assert pool.run(_passes_follow_the_shards_and_free_what_was_handed_out) == [[], []]
+
     def test_closing_early_on_every_rank_leaves_them_paired(self, pool: RankPool) -> None:
         assert pool.run(_closed_early_then_gathered_again) == [[], []]
+
+
+def _rank_input(rank: int, index: int, shape: tuple[int, ...]) -> torch.Tensor:
+    count = 1
+    for size in shape:
+        count *= size
+    return (torch.arange(count, dtype=torch.float32) + 1000 * rank + 100 * index).view(shape)
+
+
+def _coalesced_gathers_match_concatenation(async_op: bool) -> list[bool]:
+    """Tensors of several shapes (2-D, 1-D, 3-D and empty) gathered in one coalesced call, each
+    compared with the concatenation of every rank's input in rank order, built here."""
+    rank = current_rank_context().rank
+    shapes = [(3, 4), (5,), (2, 3, 2), (0, 4)]
+    world = torch.distributed.get_world_size()
+    inputs = [_rank_input(rank, i, shape) for i, shape in enumerate(shapes)]
+    outputs = [torch.full((world * shape[0], *shape[1:]), -1.0) for shape in shapes]
+    work = all_gather_into_many(outputs, inputs, async_op=async_op)
+    assert (work is not None) == async_op
+    if work is not None:
+        work.wait()
+    return [
+        torch.equal(out, torch.cat([_rank_input(r, i, shape) for r in range(world)]))
+        for i, (out, shape) in enumerate(zip(outputs, shapes, strict=True))
+    ]
+
+
+class TestAllGatherIntoManyWorld2(DistributedSuite):
+    world_size = 2
+
+    @pytest.mark.parametrize("async_op", [False, True])
+    def test_each_output_is_every_ranks_input_in_rank_order(
+        self, pool: RankPool, async_op: bool
+    ) -> None:
+        assert pool.run(_coalesced_gathers_match_concatenation, async_op) == [[True] * 4] * 2
+
+
+def test_all_gather_into_many_pairs_outputs_with_inputs_before_any_collective() -> None:
+    with pytest.raises(ValueError, match="2 outputs for 1 inputs"):
+        all_gather_into_many([torch.zeros(2), torch.zeros(2)], [torch.zeros(1)])
 
 
 def _dtypes_on_one_rank() -> set[torch.dtype]:

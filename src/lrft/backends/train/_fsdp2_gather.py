@@ -1,18 +1,20 @@
-"""Gathering FSDP2's sharded parameters into full tensors for weight sync: one all-gather per
-mesh and dtype for a bucket of row-sharded parameters (each rank's shards packed into one
-buffer, cast first when asked), copied out in one fused call, and issued asynchronously so that
-the next bucket travels while the caller loads the previous one."""
+"""Gathering FSDP2's sharded parameters into full tensors for weight sync: one coalesced
+all-gather per mesh and dtype for a bucket of row-sharded parameters (each rank's shards cast,
+when asked, into one send buffer with one fused copy), which writes every parameter's full
+tensor in place, issued asynchronously so that the next bucket travels while the caller loads
+the previous one."""
 
 from __future__ import annotations
 
 import math
+import operator
 from typing import NamedTuple, cast
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Shard
 
-from lrft.dist.collectives import all_gather_into
+from lrft.dist.collectives import all_gather_into_many
 
 
 @torch.no_grad()
@@ -54,6 +56,7 @@ class Entry(NamedTuple):
     width: int = 0  # elements each rank sends, padding included
     full: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # the full tensor's shape, strides
     shard: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # this rank's shard's
+    exact: bool = True  # every rank holds ``rows`` rows: no padding travels
 
 
 def entry_of(name: str, param: torch.Tensor) -> Entry:
@@ -75,6 +78,7 @@ def entry_of(name: str, param: torch.Tensor) -> Entry:
         width=rows * math.prod(param.shape[1:]),
         full=(tuple(param.shape), _contiguous(param.shape)),
         shard=(tuple(local.shape), _contiguous(local.shape)),
+        exact=rows * ranks == param.shape[0],
     )
 
 
@@ -103,119 +107,161 @@ def gather_full(
     On a 1-rank mesh the local shard is the whole tensor: it is returned as it is, with no
     collective, no cast and no copy.
     """
-    return start_gather([entry_of(name, p) for name, p in named], device, gather_dtype).finish()
+    entries = [entry_of(name, p) for name, p in named]
+    return BucketPlan(entries, device, gather_dtype).start().finish()
 
 
-class _RowsInFlight(NamedTuple):
-    """One issued all-gather of several row-sharded parameters (one mesh, one dtype)."""
+def _free(tensor: torch.Tensor) -> None:
+    tensor.untyped_storage().resize_(0)
 
-    work: dist.Work | None
-    world: int
-    received: torch.Tensor  # every rank's send buffer, in rank order
-    send: torch.Tensor  # referenced until the collective has completed
-    entries: list[Entry]
 
-    def wait(self) -> None:
-        if self.work is not None:
-            self.work.wait()
+def _allocate(tensor: torch.Tensor) -> None:
+    storage = tensor.untyped_storage()
+    if storage.nbytes() == 0:
+        storage.resize_(tensor.numel() * tensor.element_size())
 
-    def finish(self) -> list[torch.Tensor]:
-        """Waits for the collective, then copies every parameter's rank-major blocks out
-        contiguously in one fused call, padding rows cut off."""
-        self.wait()
-        world = self.world
-        out = torch.empty_like(self.received)
-        # Each parameter's full tensor (padded) lies at its own offset of ``out``; its blocks
-        # and the tensor handed out are both views made directly from the recorded layout, one
-        # call each: views derived step by step cost host time per parameter that, on W1's 290
-        # tensors, exceeds the collective.
-        blocks: list[torch.Tensor] = []
-        full: list[torch.Tensor] = []
+
+class _Rows:
+    """The all-gather of a bucket's row-sharded parameters on one mesh, in one dtype, planned
+    once and run sync after sync.
+
+    Each rank's shards are cast, in one fused copy, into consecutive slots of a send buffer,
+    each slot padded to ``ceil(rows / world)`` rows. Parameter ``p`` gathers its slot from every
+    rank into its own region of the receive buffer, in rank order (one coalesced collective for
+    all of them): shards are split ``torch.chunk`` style, so that region holds the full tensor,
+    its rows in order, followed by any padding rows. The full tensors are views of those
+    regions, written by the collective itself, so nothing is copied out afterwards.
+
+    The buffers and their views are made once: making a view costs microseconds of host time,
+    and with hundreds of parameters that exceeds the collective. Between uses the buffers hold
+    no memory: their storages are resized to nothing (as FSDP2 frees its unsharded parameters),
+    and back when the bucket is gathered again, which the views survive."""
+
+    def __init__(self, entries: list[Entry], device: torch.device, dtype: torch.dtype) -> None:
+        first = entries[0].param
+        assert isinstance(first, DTensor)
+        mesh = first.device_mesh
+        world = mesh.size()
+        self.group = mesh.get_group()
+        self.params = [entry.param for entry in entries]
+        # Left uninitialised: padding rows come after every real row, beyond the full views.
+        self.send = torch.empty(sum(entry.width for entry in entries), dtype=dtype, device=device)
+        self.received = torch.empty(world * self.send.numel(), dtype=dtype, device=device)
+        self.slots: list[torch.Tensor] = []
+        self.inputs: list[torch.Tensor] = []
+        self.outputs: list[torch.Tensor] = []
+        self.full: list[torch.Tensor] = []
         offset = 0
-        for entry in self.entries:
-            blocks.append(out.as_strided((world, entry.width), (entry.width, 1), offset))
-            full.append(out.as_strided(*entry.full, offset))
-            offset += world * entry.width
-        # FSDP2's own copy-out op: one kernel for the whole bucket on CUDA.
-        widths = [entry.width for entry in self.entries]
-        torch.split_with_sizes_copy(self.received.view(world, -1), widths, dim=1, out=blocks)
-        return full
+        for entry in entries:
+            slot = self.send.as_strided(*entry.shard, offset)
+            whole = self.received.as_strided(*entry.full, world * offset)
+            self.slots.append(slot)
+            self.full.append(whole)
+            if entry.exact:
+                # the slot and the full tensor are exactly what travels
+                self.inputs.append(slot)
+                self.outputs.append(whole)
+            else:
+                self.inputs.append(self.send.as_strided((entry.width,), (1,), offset))
+                self.outputs.append(
+                    self.received.as_strided((world * entry.width,), (1,), world * offset)
+                )
+            offset += entry.width
+
+    def start(self) -> dist.Work | None:
+        """Casts the shards into the send buffer and issues the collective, asynchronously."""
+        _allocate(self.send)
+        _allocate(self.received)
+        # _local_tensor: to_local() re-wraps each shard as a Parameter view, per parameter per
+        # sync; read on every sync, since moves replace the shards
+        shards = list(map(_LOCAL_TENSOR, self.params))
+        torch._foreach_copy_(self.slots, shards)
+        return all_gather_into_many(self.outputs, self.inputs, group=self.group, async_op=True)
+
+    def release(self, *, received: bool) -> None:
+        """Frees the send buffer, and the receive buffer (the full tensors' storage) if asked;
+        only once the current stream is ordered after the collective (or it never ran)."""
+        _free(self.send)
+        if received:
+            _free(self.received)
 
 
-@torch.no_grad()
-def _start_rows(entries: list[Entry], device: torch.device, dtype: torch.dtype) -> _RowsInFlight:
-    """Issues one all-gather of every row-sharded parameter of ``entries`` (one mesh of several
-    ranks), in ``dtype``: each rank's shard is cast into a flat buffer, padded to
-    ``ceil(rows / world)`` rows."""
-    first = entries[0].param
-    assert isinstance(first, DTensor)
-    mesh = first.device_mesh
-    world = mesh.size()
-    # Left uninitialised: shards are split torch.chunk style, so in the gathered tensor every
-    # real row comes before every padding row, and the full tensors handed out end before the
-    # padding.
-    send = torch.empty(sum(entry.width for entry in entries), dtype=dtype, device=device)
-    slots: list[torch.Tensor] = []
-    offset = 0
-    for entry in entries:
-        slots.append(send.as_strided(*entry.shard, offset))
-        offset += entry.width
-    # _local_tensor: to_local() re-wraps each shard as a Parameter view, per parameter per sync;
-    # read on every sync, since moves replace the shards
-    shards = [cast(DTensor, entry.param)._local_tensor for entry in entries]
-    # one fused copy (and cast) of every shard into its slot
-    torch._foreach_copy_(slots, shards)
-    received = torch.empty(world * send.numel(), dtype=dtype, device=device)
-    work = all_gather_into(received, send, group=mesh.get_group(), async_op=True)
-    return _RowsInFlight(work, world, received, send, entries)
+_LOCAL_TENSOR = operator.attrgetter("_local_tensor")
 
 
-class _BucketInFlight(NamedTuple):
+class BucketPlan:
+    """How one bucket of parameters is gathered: an asynchronous all-gather per mesh and dtype
+    for row-sharded parameters (each planned once, see ``_Rows``); DTensor's own (blocking)
+    gather for any other layout."""
+
+    def __init__(
+        self, entries: list[Entry], device: torch.device, gather_dtype: torch.dtype | None
+    ) -> None:
+        if gather_dtype is not None and not gather_dtype.is_floating_point:
+            gather_dtype = None
+        self.device = device
+        self.entries = entries
+        self.names = [entry.name for entry in entries]
+        batches: dict[tuple[int, torch.dtype], list[int]] = {}
+        self.other: list[int] = []
+        for index, entry in enumerate(entries):
+            if entry.mesh_ranks > 1:
+                key = (entry.mesh, gathered_dtype(entry, gather_dtype))
+                batches.setdefault(key, []).append(index)
+            else:
+                self.other.append(index)
+        self.rows = [
+            (indices, _Rows([entries[i] for i in indices], device, dtype))
+            for (_, dtype), indices in batches.items()
+        ]
+        self.release(received=True)
+
+    @torch.no_grad()
+    def start(self) -> BucketInFlight:
+        """Issues the bucket's collectives."""
+        ready: list[torch.Tensor | None] = [None] * len(self.entries)
+        for index in self.other:
+            entry = self.entries[index]
+            if entry.mesh_ranks == 1:
+                # a 1-rank mesh: the shard is the whole tensor
+                shard = cast(DTensor, entry.param)._local_tensor
+                ready[index] = shard.detach().to(self.device)
+            else:
+                ready[index] = _full_tensor(entry.param, self.device)
+        works = [rows.start() for _, rows in self.rows]
+        return BucketInFlight(self, ready, works)
+
+    def release(self, *, received: bool) -> None:
+        for _, rows in self.rows:
+            rows.release(received=received)
+
+
+class BucketInFlight(NamedTuple):
     """A bucket whose collectives are issued: the full tensors of parameters that needed no
-    all-gather of rows, and the all-gathers of the rest, by position in the bucket."""
+    all-gather of rows, and the all-gathers of the rest."""
 
-    names: list[str]
+    plan: BucketPlan
     ready: list[torch.Tensor | None]
-    gathers: list[tuple[list[int], _RowsInFlight]]
+    works: list[dist.Work | None]
 
     def wait(self) -> None:
-        for _, gather in self.gathers:
-            gather.wait()
+        for work in self.works:
+            if work is not None:
+                work.wait()
 
     @torch.no_grad()
     def finish(self) -> list[tuple[str, torch.Tensor]]:
+        """The bucket's full tensors, once the collectives have written them (on a GPU: once
+        the current stream is ordered after them; the host does not wait). The send buffers
+        are freed."""
+        self.wait()
+        self.plan.release(received=False)
         full = list(self.ready)
-        for indices, gather in self.gathers:
-            for index, tensor in zip(indices, gather.finish(), strict=True):
+        for indices, rows in self.plan.rows:
+            for index, tensor in zip(indices, rows.full, strict=True):
                 full[index] = tensor
         return [
             (name, tensor)
-            for name, tensor in zip(self.names, full, strict=True)
+            for name, tensor in zip(self.plan.names, full, strict=True)
             if tensor is not None
         ]
-
-
-@torch.no_grad()
-def start_gather(
-    entries: list[Entry], device: torch.device, gather_dtype: torch.dtype | None
-) -> _BucketInFlight:
-    """Issues the collectives that gather ``entries``: one asynchronous all-gather per mesh and
-    dtype for row-sharded parameters; DTensor's own (blocking) gather for any other layout."""
-    if gather_dtype is not None and not gather_dtype.is_floating_point:
-        gather_dtype = None
-    ready: list[torch.Tensor | None] = [None] * len(entries)
-    batches: dict[tuple[int, torch.dtype], list[int]] = {}
-    for index, entry in enumerate(entries):
-        if entry.mesh_ranks > 1:
-            batches.setdefault((entry.mesh, gathered_dtype(entry, gather_dtype)), []).append(index)
-        elif entry.mesh_ranks == 1:
-            # a 1-rank mesh: the shard is the whole tensor
-            shard = cast(DTensor, entry.param)._local_tensor
-            ready[index] = shard.detach().to(device)
-        else:
-            ready[index] = _full_tensor(entry.param, device)
-    gathers = [
-        (indices, _start_rows([entries[i] for i in indices], device, dtype))
-        for (_, dtype), indices in batches.items()
-    ]
-    return _BucketInFlight([entry.name for entry in entries], ready, gathers)

@@ -16,7 +16,13 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from lrft.api.types import Location, ModelPart, StepReport
 from lrft.backends.train import _fsdp2_checkpoint as checkpoint
-from lrft.backends.train._fsdp2_gather import Entry, entry_of, gathered_dtype, start_gather
+from lrft.backends.train._fsdp2_gather import (
+    BucketInFlight,
+    BucketPlan,
+    Entry,
+    entry_of,
+    gathered_dtype,
+)
 from lrft.backends.train._placement import OffloadableModel
 
 NAME = "fsdp2"
@@ -67,6 +73,8 @@ class FSDP2FrozenModel(OffloadableModel):
         self._all_dtensors = all(isinstance(p, DTensor) for p in self._sharded)
         # bucket_bytes, the shards' sizes and the bucket bounds of the last local sync
         self._last_bounds: tuple[int, list[int], list[tuple[int, int]]] | None = None
+        # the gather plans of the last bucket_bytes and gather_dtype, with several ranks
+        self._gather_plans: tuple[tuple[int, torch.dtype | None], list[BucketPlan]] | None = None
 
     @property
     def module(self) -> torch.nn.Module:
@@ -81,12 +89,18 @@ class FSDP2FrozenModel(OffloadableModel):
         gathered, so nothing is cast (the caller's copy casts for free).
 
         With several ranks the next bucket's all-gather is issued before a bucket is handed out,
-        so it travels while the caller loads this one: at most two buckets are in flight, and
-        the largest transient is about two buckets (the one handed out and the next one's
-        gather buffers), not one. Every rank must drain the iterator, as ``DirectSync`` does
-        even after a failed load, so that all ranks issue the same collectives. An iterator
-        closed early (the same bucket on every rank) first waits for the all-gather it already
-        issued, which every rank that reached that bucket issued too."""
+        so it travels while the caller loads this one. The largest transient is about two
+        buckets and a send buffer (the bucket handed out and the next one's gather buffers),
+        never the model: a bucket's memory is freed as soon as the next one is asked for, even
+        if the caller still references its tensors (they then hold no storage), and nothing
+        stays allocated between calls. How each bucket is gathered (its buffers' views) is
+        planned on the first call and kept for later calls with the same ``bucket_bytes`` and
+        ``gather_dtype``.
+
+        Every rank must drain the iterator, as ``DirectSync`` does even after a failed load, so
+        that all ranks issue the same collectives. An iterator closed early (the same bucket on
+        every rank) first waits for the all-gather it already issued, which every rank that
+        reached that bucket issued too."""
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
         return self._buckets(bucket_bytes, gather_dtype)
@@ -97,26 +111,43 @@ class FSDP2FrozenModel(OffloadableModel):
         if dist.get_world_size() == 1:
             yield from self._local_buckets(bucket_bytes)
             return
-        packed = self._packed(bucket_bytes, gather_dtype)
-        first = next(packed, None)
-        in_flight = None if first is None else start_gather(first, self._device, gather_dtype)
+        plans = self._plans(bucket_bytes, gather_dtype)
+        if not plans:
+            return
+        in_flight: BucketInFlight | None = plans[0].start()
         try:
-            while in_flight is not None:
-                arriving, in_flight = in_flight, None
+            for k, plan in enumerate(plans):
+                assert in_flight is not None
+                arriving = in_flight
+                # Issued before this bucket is waited for: the next bucket's cast is then queued
+                # ahead of the wait, so its collective follows this one's on the collective's
+                # stream with no gap, and travels while the caller copies this bucket on the
+                # compute stream.
+                in_flight = plans[k + 1].start() if k + 1 < len(plans) else None
                 bucket = arriving.finish()
-                # Its gather buffers go before the next bucket's are allocated, so the caller's
-                # bucket and the next one's buffers are all that stays.
                 del arriving
-                entries = next(packed, None)
-                if entries is not None:
-                    # Issued now, it runs on the collective's own stream while the caller
-                    # copies this bucket on the compute stream.
-                    in_flight = start_gather(entries, self._device, gather_dtype)
                 yield bucket
+                # the caller asked for the next bucket: this one's tensors are no longer valid
+                plan.release(received=True)
         finally:
             if in_flight is not None:
-                # Closed early: complete the collective before its buffers are dropped.
+                # Closed early: complete the collective before its buffers are freed.
                 in_flight.wait()
+            for plan in plans:
+                plan.release(received=True)
+
+    def _plans(self, bucket_bytes: int, gather_dtype: torch.dtype | None) -> list[BucketPlan]:
+        """Each bucket's gather plan, made on the first call with these arguments and kept:
+        FSDP2 keeps its parameters' shapes, so the buckets and their views stay valid."""
+        key = (bucket_bytes, gather_dtype)
+        if self._gather_plans is None or self._gather_plans[0] != key:
+            self._gather_plans = None  # the old plans' views go before the new ones are made
+            plans = [
+                BucketPlan(entries, self._device, gather_dtype)
+                for entries in self._packed(bucket_bytes, gather_dtype)
+            ]
+            self._gather_plans = (key, plans)
+        return self._gather_plans[1]
 
     def _packed(self, bucket_bytes: int, gather_dtype: torch.dtype | None) -> Iterator[list[Entry]]:
         """The entries of each bucket; sizes come from the global shapes, known before
