@@ -1,4 +1,5 @@
-"""Device memory is really released: engine sleep levels 1 and 2, FSDP2 offload.
+"""Device memory is really released: engine sleep levels 1 and 2, FSDP2 offload, FSDP2's
+gather of full weights.
 
 Measured with ``torch.cuda.memory_allocated``/``memory_reserved`` on each rank of a 2-GPU NCCL
 pool, on a model large enough (~150 M parameters, ~0.6 GB in fp32) that the released bytes dwarf
@@ -114,6 +115,26 @@ def _fsdp2_offload_figures() -> dict[str, float]:
     }
 
 
+def _full_weights_figures() -> dict[str, float]:
+    """Device memory of two full passes of FSDP2's gather (the second reuses the first's plans):
+    the peak above what the model holds, the largest bucket, and what stays allocated after."""
+    device = current_rank_context().device
+    frozen = FSDP2Backend(FSDP2Config()).prepare_frozen(_model())
+    figures: dict[str, float] = {}
+    largest = 0
+    for attempt in ("first", "second"):
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        for bucket in frozen.full_weights(32 * MIB, gather_dtype=torch.bfloat16):
+            largest = max(largest, sum(t.numel() * t.element_size() for _, t in bucket))
+        torch.cuda.synchronize(device)
+        figures[f"{attempt}_peak_mib"] = _mib(torch.cuda.max_memory_allocated(device) - base)
+        figures[f"{attempt}_after_mib"] = _mib(torch.cuda.memory_allocated(device) - base)
+    figures["largest_bucket_mib"] = _mib(largest)
+    return figures
+
+
 class TestDeviceMemoryCudaWorld2(DistributedSuite):
     world_size = 2
     device_type = "cuda"
@@ -143,3 +164,15 @@ class TestDeviceMemoryCudaWorld2(DistributedSuite):
             assert f["reloaded_allocated_mib"] >= 0.99 * f["trained_allocated_mib"], (
                 f"rank {rank}: {f}"
             )
+
+    def test_fsdp2_full_weights_holds_two_buckets_at_most_and_nothing_after(
+        self, pool: RankPool
+    ) -> None:
+        figures = pool.run(_full_weights_figures)
+        print("fsdp2 full_weights memory per rank:", json.dumps(figures))
+        for rank, f in enumerate(figures):
+            # two buckets in flight at most, each with its send buffer (half a bucket at world 2)
+            bound = 2 * 1.5 * f["largest_bucket_mib"] + 4
+            for attempt in ("first", "second"):
+                assert f[f"{attempt}_peak_mib"] <= bound, f"rank {rank}: {f}"
+                assert f[f"{attempt}_after_mib"] <= 0.5, f"rank {rank}: {f}"

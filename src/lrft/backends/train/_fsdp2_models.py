@@ -89,9 +89,9 @@ class FSDP2FrozenModel(OffloadableModel):
         gathered, so nothing is cast (the caller's copy casts for free).
 
         With several ranks the next bucket's all-gather is issued before a bucket is handed out,
-        so it travels while the caller loads this one. The largest transient is about two
-        buckets and a send buffer (the bucket handed out and the next one's gather buffers),
-        never the model: a bucket's memory is freed as soon as the next one is asked for, even
+        so it travels while the caller loads this one. The largest transient is two buckets
+        with their send buffers (``1 / world`` of a bucket each: the bucket about to be handed
+        out and the next one, both gathering), never the model: a bucket's memory is freed as soon as the next one is asked for, even
         if the caller still references its tensors (they then hold no storage), and nothing
         stays allocated between calls. How each bucket is gathered (its buffers' views) is
         planned on the first call and kept for later calls with the same ``bucket_bytes`` and
