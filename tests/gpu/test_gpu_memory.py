@@ -115,24 +115,33 @@ def _fsdp2_offload_figures() -> dict[str, float]:
     }
 
 
-def _full_weights_figures() -> dict[str, float]:
+def _full_weights_figures() -> tuple[dict[str, float], list[str]]:
     """Device memory of two full passes of FSDP2's gather (the second reuses the first's plans):
-    the peak above what the model holds, the largest bucket, and what stays allocated after."""
+    the peak above what the model holds, the largest bucket, and what stays allocated after;
+    and the tensors of those passes, and of a third one with the parameters offloaded to the
+    host, that differ from the unsharded model's parameters cast to bf16."""
     device = current_rank_context().device
+    reference = {
+        name: p.detach().to(device, torch.bfloat16) for name, p in _model().named_parameters()
+    }
     frozen = FSDP2Backend(FSDP2Config()).prepare_frozen(_model())
     figures: dict[str, float] = {}
+    wrong: list[str] = []
     largest = 0
-    for attempt in ("first", "second"):
+    for attempt in ("first", "second", "offloaded"):
+        if attempt == "offloaded":
+            frozen.offload([ModelPart.PARAMETERS])
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         for bucket in frozen.full_weights(32 * MIB, gather_dtype=torch.bfloat16):
             largest = max(largest, sum(t.numel() * t.element_size() for _, t in bucket))
+            wrong += [f"{attempt}: {n}" for n, t in bucket if not torch.equal(t, reference[n])]
         torch.cuda.synchronize(device)
         figures[f"{attempt}_peak_mib"] = _mib(torch.cuda.max_memory_allocated(device) - base)
         figures[f"{attempt}_after_mib"] = _mib(torch.cuda.memory_allocated(device) - base)
     figures["largest_bucket_mib"] = _mib(largest)
-    return figures
+    return figures, wrong
 
 
 class TestDeviceMemoryCudaWorld2(DistributedSuite):
@@ -165,14 +174,15 @@ class TestDeviceMemoryCudaWorld2(DistributedSuite):
                 f"rank {rank}: {f}"
             )
 
-    def test_fsdp2_full_weights_holds_two_buckets_at_most_and_nothing_after(
+    def test_fsdp2_full_weights_exact_holds_two_buckets_at_most_and_nothing_after(
         self, pool: RankPool
     ) -> None:
-        figures = pool.run(_full_weights_figures)
-        print("fsdp2 full_weights memory per rank:", json.dumps(figures))
-        for rank, f in enumerate(figures):
+        results = pool.run(_full_weights_figures)
+        print("fsdp2 full_weights memory per rank:", json.dumps([f for f, _ in results]))
+        for rank, (f, wrong) in enumerate(results):
+            assert wrong == [], f"rank {rank}"
             # two buckets in flight at most, each with its send buffer (half a bucket at world 2)
             bound = 2 * 1.5 * f["largest_bucket_mib"] + 4
-            for attempt in ("first", "second"):
+            for attempt in ("first", "second", "offloaded"):
                 assert f[f"{attempt}_peak_mib"] <= bound, f"rank {rank}: {f}"
                 assert f[f"{attempt}_after_mib"] <= 0.5, f"rank {rank}: {f}"
