@@ -141,7 +141,6 @@ class FSDP2FrozenModel(OffloadableModel):
         FSDP2 keeps its parameters' shapes, so the buckets and their views stay valid."""
         key = (bucket_bytes, gather_dtype)
         if self._gather_plans is None or self._gather_plans[0] != key:
-            self._gather_plans = None  # the old plans' views go before the new ones are made
             plans = [
                 BucketPlan(entries, self._device, gather_dtype)
                 for entries in self._packed(bucket_bytes, gather_dtype)
