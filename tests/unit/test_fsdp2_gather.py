@@ -179,6 +179,30 @@ def _passes_follow_the_shards_and_free_what_was_handed_out() -> list[str]:
     return problems
 
 
+def _second_pass_while_one_is_open() -> tuple[str, list[str]]:
+    """A second pass started while the first has handed out a bucket is refused (before any
+    collective, on every rank); once the first is closed a full pass is exact."""
+    from lrft.api.errors import LrftError
+
+    expected, frozen = _sharded_uneven(4)
+    first = frozen.full_weights(64)
+    assert isinstance(first, Generator)
+    next(first)
+    try:
+        next(frozen.full_weights(64))
+        refused = ""
+    except LrftError as exc:
+        refused = str(exc)
+    first.close()
+    wrong = [
+        name
+        for bucket in frozen.full_weights(64)
+        for name, tensor in bucket
+        if not torch.equal(tensor, expected[name])
+    ]
+    return refused, wrong
+
+
 class TestPipelinedBucketsWorld2(DistributedSuite):
     world_size = 2
 
@@ -195,6 +219,11 @@ class TestPipelinedBucketsWorld2(DistributedSuite):
 
     def test_passes_follow_the_shards_and_free_what_was_handed_out(self, pool: RankPool) -> None:
         assert pool.run(_passes_follow_the_shards_and_free_what_was_handed_out) == [[], []]
+
+    def test_a_second_pass_while_one_is_open_is_refused(self, pool: RankPool) -> None:
+        for refused, wrong in pool.run(_second_pass_while_one_is_open):
+            assert "another pass over this model's weights is still open" in refused
+            assert wrong == []
 
     def test_closing_early_on_every_rank_leaves_them_paired(self, pool: RankPool) -> None:
         assert pool.run(_closed_early_then_gathered_again) == [[], []]

@@ -14,6 +14,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
+from lrft.api.errors import LrftError
 from lrft.api.types import Location, ModelPart, StepReport
 from lrft.backends.train import _fsdp2_checkpoint as checkpoint
 from lrft.backends.train._fsdp2_gather import (
@@ -75,6 +76,8 @@ class FSDP2FrozenModel(OffloadableModel):
         self._last_bounds: tuple[int, list[int], list[tuple[int, int]]] | None = None
         # the gather plans of the last bucket_bytes and gather_dtype, with several ranks
         self._gather_plans: tuple[tuple[int, torch.dtype | None], list[BucketPlan]] | None = None
+        # a pass over the kept plans is open: a second one would gather into the same buffers
+        self._gathering = False
 
     @property
     def module(self) -> torch.nn.Module:
@@ -97,6 +100,8 @@ class FSDP2FrozenModel(OffloadableModel):
         planned on the first call and kept for later calls with the same ``bucket_bytes`` and
         ``gather_dtype``.
 
+        One pass at a time: with several ranks, a second pass started while one is open (not
+        drained or closed) raises ``LrftError``, since both would gather into the same buffers.
         Every rank must drain the iterator, as ``DirectSync`` does even after a failed load, so
         that all ranks issue the same collectives. An iterator closed early (the same bucket on
         every rank) first waits for the all-gather it already issued, which every rank that
@@ -111,9 +116,21 @@ class FSDP2FrozenModel(OffloadableModel):
         if dist.get_world_size() == 1:
             yield from self._local_buckets(bucket_bytes)
             return
+        if self._gathering:
+            raise LrftError(
+                "full_weights: another pass over this model's weights is still open; with "
+                "several ranks its gather buffers are shared, so drain or close it first"
+            )
         plans = self._plans(bucket_bytes, gather_dtype)
         if not plans:
             return
+        self._gathering = True
+        try:
+            yield from self._gathered(plans)
+        finally:
+            self._gathering = False
+
+    def _gathered(self, plans: list[BucketPlan]) -> Iterator[list[tuple[str, torch.Tensor]]]:
         in_flight: BucketInFlight | None = plans[0].start()
         try:
             for k, plan in enumerate(plans):
