@@ -1,7 +1,8 @@
 """The direct sync's in-place path on CUDA, where each bucket goes through the copy kernels and,
 from its second sync on, replays them from a CUDA graph: one DirectSync, synced again and again
 with new values, across sleeps that move or drop the engine's storage, always leaves torch's
-casts of what was sent and reports their combined digest.
+casts of what was sent and reports their combined digest (the plans made for the storage's
+old addresses are retired when it moves).
 
 Skipped with a reason where CUDA is missing (CI has none).
 """
@@ -26,11 +27,19 @@ def test_repeated_in_place_syncs_on_cuda_follow_values_and_moved_storage() -> No
     source = _Weights({n: p.detach().clone().to(DEVICE) for n, p in trained.named_parameters()})
     config = HFEngineConfig(dtype=torch.bfloat16, device=DEVICE)
     engine = HFRolloutEngine(tiny_causal_lm(0), config=config)
+    engine_bytes = sum(p.numel() * p.element_size() for p in engine.model.parameters())
     sync = DirectSync(bucket_bytes=4 * 1024)
     for step, sleep in enumerate([None, None, None, 1, None, 2, None, None], start=1):
         if sleep is not None:
+            weight = next(engine.model.parameters())
+            address = weight.data_ptr()
             engine.sleep(sleep)  # level 1 parks the weights, level 2 drops them
-            engine.wake()  # either way the weights come back at new addresses
+            # Holding the memory the engine freed makes it wake at new addresses, which the
+            # plans written for the old ones must notice.
+            held = torch.empty(engine_bytes, dtype=torch.uint8, device=DEVICE)
+            engine.wake()
+            assert weight.data_ptr() != address
+            del held
         for tensor in source.named.values():
             tensor.mul_(-0.5).add_(step)  # new values at the same addresses
         assert sync_and_check(sync, source, engine, step).buckets > 1

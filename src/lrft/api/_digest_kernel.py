@@ -8,7 +8,8 @@ widen every word to int64 in memory and reread it per sum, and a compiled functi
 host time per call than the kernel takes on a bucket.
 
 The copy runs a few rows per program: each row is cast and written, then its words are read
-back and summed like the reduction's; a second kernel adds up each tensor's rows.
+back and summed like the reduction's. After either, a second kernel adds up each tensor's rows,
+a chunk of them per program.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 import triton  # type: ignore[import-not-found, unused-ignore]  # CUDA builds of torch ship it; nothing else imports this
 import triton.language as tl  # type: ignore[import-not-found, unused-ignore]  # as above
 
-from lrft.api._digest_rows import CopyTable, to_device
+from lrft.api._digest_rows import CHUNK_ROWS, CopyTable, to_device
 
 
 @triton.jit  # type: ignore[untyped-decorator, unused-ignore]  # Triton is untyped
@@ -40,15 +41,31 @@ def _row_sums_kernel(words, valid, offset, out, WORDS: tl.constexpr):  # type: i
     tl.store(out + 2 * row + 1, local + tl.load(offset + row) * plain)
 
 
-def row_sums(words: torch.Tensor, valid: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """``(rows, 2)`` int64: each row's plain sum and its weighted sum plus ``offset * plain``,
-    counting the first ``valid`` bytes of the row (``words``: ``(rows, ROW_WORDS)`` int32)."""
-    out = torch.empty((words.shape[0], 2), dtype=torch.int64, device=words.device)
-    if words.shape[0]:
-        _row_sums_kernel[(words.shape[0],)](
-            words, valid, offset, out, WORDS=words.shape[1], num_warps=8
-        )
-    return out
+def add_row_sums(
+    words: torch.Tensor,
+    valid: torch.Tensor,
+    offset: torch.Tensor,
+    chunks: torch.Tensor,
+    out: torch.Tensor,
+) -> None:
+    """Adds each row's plain sum and its weighted sum plus ``offset * plain``, counting the
+    first ``valid`` bytes of the row (``words``: ``(rows, ROW_WORDS)`` int32), to
+    ``out[tensor]`` of the tensor each chunk ``(first row, rows, tensor)`` names. Two kernels:
+    the rows', then one program per chunk (``index_add_`` would add the rows' sums with an
+    atomic each, serialised on the few addresses of a large tensor)."""
+    if not words.shape[0]:
+        return
+    partial = torch.empty((words.shape[0], 2), dtype=torch.int64, device=words.device)
+    _row_sums_kernel[(words.shape[0],)](
+        words, valid, offset, partial, WORDS=words.shape[1], num_warps=8
+    )
+    _add_chunks(chunks, partial, out)
+
+
+def _add_chunks(chunks: torch.Tensor, partial: torch.Tensor, out: torch.Tensor) -> None:
+    _chunk_sums_kernel[(chunks.numel() // 3,)](
+        chunks, partial, out, BLOCK=_CHUNK_BLOCK, STEPS=_CHUNK_STEPS, num_warps=4
+    )
 
 
 @triton.jit  # type: ignore[untyped-decorator, unused-ignore]  # Triton is untyped
@@ -147,8 +164,7 @@ COPY_DTYPES = frozenset(_TRITON_DTYPES)
 
 
 _CHUNK_BLOCK = 256
-_CHUNK_STEPS = 4
-_CHUNK_ROWS = _CHUNK_BLOCK * _CHUNK_STEPS
+_CHUNK_STEPS = CHUNK_ROWS // _CHUNK_BLOCK
 
 
 class PreparedCopy(NamedTuple):
@@ -180,8 +196,8 @@ def prepare_copy(table: CopyTable, device: torch.device) -> PreparedCopy:
     facts = table.facts
     for first, numel, position in zip(facts[0::5], facts[3::5], facts[4::5], strict=True):
         rows = -(-numel // row_elements)
-        for start in range(0, rows, _CHUNK_ROWS):
-            host.extend((first + start, min(_CHUNK_ROWS, rows - start), position))
+        for start in range(0, rows, CHUNK_ROWS):
+            host.extend((first + start, min(CHUNK_ROWS, rows - start), position))
     # Both tables in one pinned, non-blocking transfer: queued behind the kernels before it,
     # no host sync. (An array becomes a tensor without a Python step per value.)
     on_device = to_device(torch.frombuffer(host, dtype=torch.int64), device)
@@ -217,11 +233,4 @@ def launch_copy(prepared: PreparedCopy, out: torch.Tensor) -> None:
         ROWS=_ROWS_PER_PROGRAM,
         num_warps=_COPY_WARPS,
     )
-    _chunk_sums_kernel[(prepared.chunks.numel() // 3,)](
-        prepared.chunks,
-        partial,
-        out,
-        BLOCK=_CHUNK_BLOCK,
-        STEPS=_CHUNK_STEPS,
-        num_warps=4,
-    )
+    _add_chunks(prepared.chunks, partial, out)

@@ -15,6 +15,8 @@ ROW_WORDS = 4096
 """Words in one row of a staging buffer; every tensor starts at a row boundary."""
 STAGING_BYTES = 64 << 20
 """The largest staging buffer :func:`digest_sums_many` allocates; larger inputs are split."""
+CHUNK_ROWS = 1024
+"""Rows of one tensor that one program of the device kernels' second pass adds up."""
 
 ROW_BYTES = ROW_WORDS * 4
 # The eager reduction views a row as a (_SIDE, _SIDE) block: 2 * _SIDE weights instead of one per
@@ -45,6 +47,9 @@ class Rows(NamedTuple):
     # (m, ROW_WORDS) int32 masks that keep only the valid bytes of each partial row, for the
     # eager reduction; empty where the device kernel masks as it reads
     tail_masks: torch.Tensor
+    # (first row, rows, tensor) of each run of up to CHUNK_ROWS rows of one tensor, flat, for
+    # the device kernels; empty for the eager reduction
+    chunks: torch.Tensor
 
 
 def _rows_of(nbytes: int) -> int:
@@ -76,7 +81,18 @@ def row_layout(pieces: Sequence[Piece], device: torch.device) -> Rows:
     total = pieces[-1].row + pieces[-1].rows if pieces else 0
     partial = [p.row + p.rows - 1 for p in pieces if p.nbytes % ROW_BYTES]
     facts = [value for p in pieces for value in (p.tensor, p.row, p.first_row, p.nbytes, p.rows)]
-    moved = to_device(torch.tensor(facts + partial, dtype=torch.int64), device)
+    on_kernel = device.type == "cuda" and device_kernel() is not None
+    chunks = (
+        [
+            value
+            for p in pieces
+            for start in range(0, p.rows, CHUNK_ROWS)
+            for value in (p.row + start, min(CHUNK_ROWS, p.rows - start), p.tensor)
+        ]
+        if on_kernel
+        else []
+    )
+    moved = to_device(torch.tensor(facts + partial + chunks, dtype=torch.int64), device)
     meta = moved[: len(facts)].view(-1, 5).t()
     counts = meta[4]
 
@@ -86,8 +102,8 @@ def row_layout(pieces: Sequence[Piece], device: torch.device) -> Rows:
 
     within = torch.arange(total, dtype=torch.int64, device=device) - per_row(meta[1])
     valid = (per_row(meta[3]) - within * ROW_BYTES).clamp(0, ROW_BYTES)
-    partial_rows = moved[len(facts) :]
-    if device.type == "cuda" and device_kernel() is not None:
+    partial_rows = moved[len(facts) : len(facts) + len(partial)]
+    if on_kernel:
         tail_masks = torch.empty((0, ROW_WORDS), dtype=torch.int32, device=device)
     else:
         column = torch.arange(ROW_WORDS, dtype=torch.int64, device=device)
@@ -100,6 +116,7 @@ def row_layout(pieces: Sequence[Piece], device: torch.device) -> Rows:
         valid=valid,
         partial=partial_rows,
         tail_masks=tail_masks,
+        chunks=moved[len(facts) + len(partial) :],
     )
 
 
@@ -111,12 +128,14 @@ def _zero_tails(words: torch.Tensor, rows: Rows) -> None:
 
 
 @functools.cache
-def device_kernel() -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None:
+def device_kernel() -> (
+    Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None] | None
+):
     try:
-        from lrft.api._digest_kernel import row_sums
+        from lrft.api._digest_kernel import add_row_sums
     except ImportError:  # a torch build without Triton: the eager reduction, slower but equal
         return None
-    return row_sums
+    return add_row_sums
 
 
 class CopyTable:
@@ -194,11 +213,11 @@ def add_row_sums(words: torch.Tensor, rows: Rows, out: torch.Tensor) -> None:
         return
     kernel = device_kernel() if words.is_cuda else None
     if kernel is not None:
-        sums = kernel(words, rows.valid, rows.offset)
-    else:
-        _zero_tails(words, rows)
-        plain, local = _unmasked_row_sums(words)
-        sums = torch.stack([plain, torch.addcmul(local, rows.offset, plain)], dim=1)
+        kernel(words, rows.valid, rows.offset, rows.chunks, out)
+        return
+    _zero_tails(words, rows)
+    plain, local = _unmasked_row_sums(words)
+    sums = torch.stack([plain, torch.addcmul(local, rows.offset, plain)], dim=1)
     out.index_add_(0, rows.tensor, sums)
 
 

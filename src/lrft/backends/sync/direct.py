@@ -119,7 +119,8 @@ class DirectSync:
 @attrs.define(kw_only=True)
 class _Bucket:
     """A bucket the checks passed: its engine names, specs and shapes, and, writing in place,
-    its weights' rows in the digest sums and the copy plan it last ran through."""
+    its weights' rows in the digest sums and the copy plan it last ran through, with the
+    addresses that plan writes to."""
 
     names: list[str]
     specs: list[TensorSpec]
@@ -127,16 +128,22 @@ class _Bucket:
     nbytes: int
     positions: list[int]
     plan: CopyPlan | None = None
-    lent_epoch: int = -1  # of the targets the plan writes to
+    # the addresses of the targets the plan writes to, as lent when it was made
+    plan_targets: list[int] = attrs.field(factory=list)
+
+    def targets(self, lent: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """This bucket's weights' targets among every weight's, lent in the digest order."""
+        return list(map(lent.__getitem__, self.positions))
 
 
 class _Layout:
-    """What is known of one engine layout: its specs (the same objects), the engine's digest
+    """What is known of one engine layout: its specs, the engine's digest
     order when writing in place, the buckets checked against them, the last sequence of
     buckets found complete, and the sums buffer and report layout of an in-place sync."""
 
     def __init__(self, specs: Mapping[str, TensorSpec], order: Sequence[str] | None) -> None:
         self.specs = dict(specs)
+        self.names = list(specs)
         self.spec_objects = list(specs.values())
         dtypes = {spec.dtype for spec in self.spec_objects}
         self.gather_dtype = dtypes.pop() if len(dtypes) == 1 else None
@@ -146,37 +153,29 @@ class _Layout:
         self.positions = {} if order is None else {name: i for i, name in enumerate(order)}
         self.buckets: dict[tuple[str, ...], _Bucket] = {}
         self.complete: list[_Bucket] = []
-        self.lent_epoch = 0
-        self._lent_addresses: list[int] = []
         self._sums: torch.Tensor | None = None
+        self._sums_zeroed = False  # zeroed ahead, by the end of the last sync that used them
         self._report: CombinedDigest | None = None
         self._host: tuple[torch.Tensor, torch.cuda.Event, torch.cuda.Event, torch.device] | None = (
             None
         )
 
     def describes(self, specs: Mapping[str, TensorSpec], order: Sequence[str] | None) -> bool:
+        # List equality tries identity first: an engine that hands out the same spec objects
+        # sync after sync costs one pointer comparison per weight.
         return (
             len(specs) == len(self.spec_objects)
-            and all(map(operator.is_, specs.values(), self.spec_objects))
-            and specs.keys() == self.specs.keys()
+            and list(specs.values()) == self.spec_objects
+            and list(specs) == self.names
             and (
                 order is self.order_given or (None if order is None else tuple(order)) == self.order
             )
         )
 
     def lend(self, load: InPlaceWeightLoader) -> list[torch.Tensor]:
-        """Every weight's target, in the digest order. A plan writes to the addresses its
-        targets had: the epoch moves on whenever an address changed since the last sync (the
-        engine's storage moved), which retires every plan. Addresses alone decide, because a
-        lent target always has its weight's shape, dtype and layout (the rollout conformance
-        suite checks that)."""
+        """Every weight's target, in the digest order."""
         assert self.order is not None
-        lent = load.targets(self.order)
-        addresses = list(map(torch.Tensor.data_ptr, lent))
-        if addresses != self._lent_addresses:
-            self._lent_addresses = addresses
-            self.lent_epoch += 1
-        return lent
+        return load.targets(self.order)
 
     def sums(self, device: torch.device) -> torch.Tensor:
         """The buffer an in-place sync sums what it writes into, zeroed; at one address sync
@@ -184,9 +183,18 @@ class _Layout:
         assert self.order is not None
         if self._sums is None or self._sums.device != device:
             self._sums = torch.zeros((len(self.order), 2), dtype=torch.int64, device=device)
-        else:
+        elif not self._sums_zeroed:
             self._sums.zero_()
+        self._sums_zeroed = False
         return self._sums
+
+    def zero_sums_ahead(self) -> None:
+        """Zeroes the sums for the next sync, queued behind this sync's reads of them (the
+        caller then waits for it), so that no launch (tens of microseconds on a slow host)
+        comes before the next sync's first copy."""
+        assert self._sums is not None
+        self._sums.zero_()
+        self._sums_zeroed = True
 
     def host_sums(
         self, device: torch.device
@@ -270,9 +278,9 @@ class _Stream:
             # One cast copy straight into the engine's storage; the sent fingerprint is taken
             # from the values as they are written.
             self._lend(self.in_place)
-            targets = list(map(self.lent.__getitem__, entry.positions))
+            targets = entry.targets(self.lent)
             plan = entry.plan = CopyPlan(tensors, targets, entry.positions, targets[0].device)
-            entry.lent_epoch = self.layout.lent_epoch
+            entry.plan_targets = list(map(torch.Tensor.data_ptr, targets))
             assert self.sent_sums is not None
             plan.run(tensors, targets, self.sent_sums)
         else:
@@ -294,17 +302,24 @@ class _Stream:
 
     def _rerun(self, entry: _Bucket, tensors: list[torch.Tensor]) -> bool:
         """Writes a known bucket in place through its plan, if the plan still holds: the
-        targets where they were when it was made, the sources where and as they were."""
+        targets where they were when it was made, the sources where and as they were.
+
+        Addresses alone decide for the targets, because a lent target always has its weight's
+        shape, dtype and layout (the rollout conformance suite checks that). They are compared
+        bucket by bucket, not all at once when the weights are lent: the first bucket's copy
+        then starts after a bucket's worth of checks, and the rest are made while it runs."""
         assert self.in_place is not None
         plan = entry.plan
         if plan is None:
             return False
         self._lend(self.in_place)
-        if entry.lent_epoch != self.layout.lent_epoch or not plan.matches_sources(tensors):
+        targets = entry.targets(self.lent)
+        if (
+            list(map(torch.Tensor.data_ptr, targets)) != entry.plan_targets
+            or not plan.matches_sources(tensors)
+        ):
             return False
         assert self.sent_sums is not None
-        # the kernels write to the addresses in the plan: targets only for what they do not take
-        targets = list(map(self.lent.__getitem__, entry.positions)) if plan.writes_eagerly else []
         plan.run(tensors, targets, self.sent_sums)
         return True
 
@@ -404,6 +419,9 @@ class _Stream:
             both[0].copy_(written, non_blocking=True)
             sent_ready.record()
             both[1].copy_(load.digest_sums(), non_blocking=True)
+            # before the event the host waits for: the next sync, on whatever stream, finds
+            # the sums zeroed
+            layout.zero_sums_ahead()
             held_ready.record()
             sent_ready.synchronize()
             report = layout.report().of(both[0])
