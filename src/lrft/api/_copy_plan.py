@@ -21,8 +21,9 @@ _DTYPE = operator.attrgetter("dtype")
 class CopyPlan:
     """:func:`copy_with_digest` of one list of tensors, prepared for being run again: the
     checks of every tensor and the kernels' tables on the device are made once, and on CUDA the
-    kernel launches are replayed from a CUDA graph from the plan's second run on (one launch
-    instead of two per pair of dtypes, the cost that dominates a small bucket on a slow host).
+    kernel launches are replayed from a CUDA graph from the plan's second run on (one graph
+    launch for the plan's kernels, one per pair of dtypes: launches dominate a small bucket on a
+    slow host).
 
     A plan refers to its tensors by address. :meth:`matches` says whether other lists may run
     through it: sources of the same addresses, shapes, dtypes, layout and device (the same
@@ -30,8 +31,8 @@ class CopyPlan:
     tensors, still at their addresses (an engine lends the same views while its storage stays
     where it is). A weight sync keeps a plan per bucket and checks it so, which costs a few
     property reads per tensor instead of the checks and a table transfer per bucket. The plan
-    holds no reference to its tensors, only to the last ``out`` it ran with; its graph keeps the
-    kernels' temporary (16 bytes per row of 4 KiB written) while the plan lives.
+    holds no reference to its tensors, only to the last ``out`` it ran with, and its kernels
+    need no temporary memory.
     """
 
     def __init__(

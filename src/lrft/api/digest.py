@@ -67,9 +67,9 @@ def copy_with_digest(
     device, zero where nothing was added yet), without a host sync.
 
     This is how a weight sync writes straight into an engine's storage and still knows what it
-    sent. On CUDA, contiguous floating-point tensors go through Triton kernels (one launch per
-    pair of dtypes, and one to add up each tensor's rows) that cast and write each row, then
-    read its words back and sum them: the copy's traffic and a re-read of what it wrote.
+    sent. On CUDA, contiguous floating-point tensors go through a Triton kernel (one launch per
+    pair of dtypes) that casts and writes each row, then reads its words back and sums them into
+    ``out`` with atomics: the copy's traffic and a re-read of what it wrote.
     Anything else is copied and then fingerprinted from the targets. :class:`CopyPlan` does
     the same for a list of tensors copied again and again.
     """

@@ -314,10 +314,9 @@ class _Stream:
             return False
         self._lend(self.in_place)
         targets = entry.targets(self.lent)
-        if (
-            list(map(torch.Tensor.data_ptr, targets)) != entry.plan_targets
-            or not plan.matches_sources(tensors)
-        ):
+        if list(
+            map(torch.Tensor.data_ptr, targets)
+        ) != entry.plan_targets or not plan.matches_sources(tensors):
             return False
         assert self.sent_sums is not None
         plan.run(tensors, targets, self.sent_sums)
