@@ -321,6 +321,11 @@ class HFRolloutEngine(LifecycleViews):
 
     def _empty_device_cache(self) -> None:
         if self._device.type == "cuda":
+            # cuBLAS keeps a workspace for every stream it ran on (the decode graphs' capture
+            # stream among them) in the caching allocator, about 100 MiB on an H200 with
+            # torch 2.11, which empty_cache cannot return while they are held. Cleared, they
+            # are made again on next use; the graphs that used them were released above.
+            torch._C._cuda_clearCublasWorkspaces()
             torch.cuda.empty_cache()
 
     # --- weights -----------------------------------------------------------------------------
