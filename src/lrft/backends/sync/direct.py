@@ -137,9 +137,9 @@ class _Bucket:
 
 
 class _Layout:
-    """What is known of one engine layout: its specs, the engine's digest
-    order when writing in place, the buckets checked against them, the last sequence of
-    buckets found complete, and the sums buffer and report layout of an in-place sync."""
+    """What is known of one engine layout: its specs, the engine's digest order when writing
+    in place, the buckets checked against them, the last sequence of buckets found complete,
+    and the sums buffer and report layout of an in-place sync."""
 
     def __init__(self, specs: Mapping[str, TensorSpec], order: Sequence[str] | None) -> None:
         self.specs = dict(specs)
