@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import operator
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import TypeGuard
 
 import attrs
@@ -29,7 +29,6 @@ import torch
 
 from lrft.api.capabilities import SyncCapabilities
 from lrft.api.digest import (
-    CombinedDigest,
     CopyPlan,
     DigestBuffer,
     PendingDigests,
@@ -39,6 +38,7 @@ from lrft.api.digest import (
 from lrft.api.errors import WeightSyncError
 from lrft.api.protocols import InPlaceWeightLoader, RolloutEngine, WeightLoader, WeightSource
 from lrft.api.types import EnginePart, SyncReport, TensorSpec, WeightsResidency
+from lrft.backends.sync._layout import Bucket, Layout, MemoSlot
 
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 # Bounds the buckets remembered per engine layout: a source whose buckets never repeat
@@ -73,7 +73,7 @@ class DirectSync:
     name_map: Callable[[str], str] = _identity
     # What the checks of the last engine layout found, kept for the next sync: a trainer syncs
     # the same buckets from the same addresses step after step.
-    _memo: _MemoSlot = attrs.field(factory=lambda: _MemoSlot(), init=False, repr=False, eq=False)
+    _memo: MemoSlot = attrs.field(factory=lambda: MemoSlot(), init=False, repr=False, eq=False)
 
     @property
     def capabilities(self) -> SyncCapabilities:
@@ -116,118 +116,9 @@ class DirectSync:
         )
 
 
-@attrs.define(kw_only=True)
-class _Bucket:
-    """A bucket the checks passed: its engine names, specs and shapes, and, writing in place,
-    its weights' rows in the digest sums and the copy plan it last ran through, with the
-    addresses that plan writes to."""
-
-    names: list[str]
-    specs: list[TensorSpec]
-    shapes: list[torch.Size]
-    nbytes: int
-    positions: list[int]
-    plan: CopyPlan | None = None
-    # the addresses of the targets the plan writes to, as lent when it was made
-    plan_targets: list[int] = attrs.field(factory=list)
-
-    def targets(self, lent: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """This bucket's weights' targets among every weight's, lent in the digest order."""
-        return list(map(lent.__getitem__, self.positions))
-
-
-class _Layout:
-    """What is known of one engine layout: its specs, the engine's digest order when writing
-    in place, the buckets checked against them, the last sequence of buckets found complete,
-    and the sums buffer and report layout of an in-place sync."""
-
-    def __init__(self, specs: Mapping[str, TensorSpec], order: Sequence[str] | None) -> None:
-        self.specs = dict(specs)
-        self.names = list(specs)
-        self.spec_objects = list(specs.values())
-        dtypes = {spec.dtype for spec in self.spec_objects}
-        self.gather_dtype = dtypes.pop() if len(dtypes) == 1 else None
-        self.order_given = order
-        # a tuple, the same object every sync: what an in-place sync lends, all at once
-        self.order: tuple[str, ...] | None = None if order is None else tuple(order)
-        self.positions = {} if order is None else {name: i for i, name in enumerate(order)}
-        self.buckets: dict[tuple[str, ...], _Bucket] = {}
-        self.complete: list[_Bucket] = []
-        self._sums: torch.Tensor | None = None
-        self._sums_zeroed = False  # zeroed ahead, by the end of the last sync that used them
-        self._report: CombinedDigest | None = None
-        self._host: tuple[torch.Tensor, torch.cuda.Event, torch.cuda.Event, torch.device] | None = (
-            None
-        )
-
-    def describes(self, specs: Mapping[str, TensorSpec], order: Sequence[str] | None) -> bool:
-        # List equality tries identity first: an engine that hands out the same spec objects
-        # sync after sync costs one pointer comparison per weight.
-        return (
-            len(specs) == len(self.spec_objects)
-            and list(specs.values()) == self.spec_objects
-            and list(specs) == self.names
-            and (
-                order is self.order_given or (None if order is None else tuple(order)) == self.order
-            )
-        )
-
-    def lend(self, load: InPlaceWeightLoader) -> list[torch.Tensor]:
-        """Every weight's target, in the digest order."""
-        assert self.order is not None
-        return load.targets(self.order)
-
-    def sums(self, device: torch.device) -> torch.Tensor:
-        """The buffer an in-place sync sums what it writes into, zeroed; at one address sync
-        after sync, since the copy plans' graphs write to it."""
-        assert self.order is not None
-        if self._sums is None or self._sums.device != device:
-            self._sums = torch.zeros((len(self.order), 2), dtype=torch.int64, device=device)
-        elif not self._sums_zeroed:
-            self._sums.zero_()
-        self._sums_zeroed = False
-        return self._sums
-
-    def zero_sums_ahead(self) -> None:
-        """Zeroes the sums for the next sync, queued behind this sync's reads of them (the
-        caller then waits for it), so that no launch (tens of microseconds on a slow host)
-        comes before the next sync's first copy."""
-        assert self._sums is not None
-        self._sums.zero_()
-        self._sums_zeroed = True
-
-    def host_sums(
-        self, device: torch.device
-    ) -> tuple[torch.Tensor, torch.cuda.Event, torch.cuda.Event]:
-        """Pinned host memory for the sent and held sums, and the events their copies from
-        ``device`` record, kept from sync to sync."""
-        assert self.order is not None
-        if self._host is None or self._host[3] != device:
-            both = torch.empty((2, len(self.order), 2), dtype=torch.int64, pin_memory=True)
-            events = torch.cuda.Event(), torch.cuda.Event()  # type: ignore[no-untyped-call]  # unannotated in torch
-            self._host = (both, *events, device)
-        return self._host[:3]
-
-    def report(self) -> CombinedDigest:
-        assert self.order is not None
-        if self._report is None:
-            self._report = CombinedDigest(self.order, [self.specs[name] for name in self.order])
-        return self._report
-
-
-@attrs.define
-class _MemoSlot:
-    layout: _Layout | None = None
-
-    def layout_for(self, specs: Mapping[str, TensorSpec], order: Sequence[str] | None) -> _Layout:
-        if self.layout is None or not self.layout.describes(specs, order):
-            self.layout = _Layout(specs, order)
-        return self.layout
-
-
 @attrs.define
 class _Stream:
-    layout: _Layout
+    layout: Layout
     name_map: Callable[[str], str]
     verify: bool
     # Writing in place: the engine's loader, every weight's target (lent at once, in the
@@ -237,7 +128,7 @@ class _Stream:
     sent_sums: torch.Tensor | None = None
     # The buckets as checked, in the order they came; duplicates and gaps are looked for once
     # the stream is drained (a failed sync leaves the engine stale, whatever it wrote).
-    sent: list[_Bucket] = attrs.field(factory=list)
+    sent: list[Bucket] = attrs.field(factory=list)
     # Queued on the device bucket by bucket and read back once at the end: a host sync per
     # tensor (or per bucket) would stall the stream of gathers and copies.
     sent_digests: PendingDigests = attrs.field(factory=PendingDigests)
@@ -300,7 +191,7 @@ class _Stream:
             self.lent = self.layout.lend(load)
             self.sent_sums = self.layout.sums(self.lent[0].device)
 
-    def _rerun(self, entry: _Bucket, tensors: list[torch.Tensor]) -> bool:
+    def _rerun(self, entry: Bucket, tensors: list[torch.Tensor]) -> bool:
         """Writes a known bucket in place through its plan, if the plan still holds: the
         targets where they were when it was made, the sources where and as they were.
 
@@ -325,10 +216,10 @@ class _Stream:
     def _checked(
         self,
         key: tuple[str, ...],
-        known: _Bucket | None,
+        known: Bucket | None,
         bucket: list[tuple[str, torch.Tensor]],
         tensors: list[torch.Tensor],
-    ) -> _Bucket:
+    ) -> Bucket:
         """The bucket's checked entry: the known one if its tensors' shapes are the same
         (C calls per tensor), else checked in full."""
         if known is not None and list(map(_SHAPE, tensors)) == known.shapes:
@@ -340,7 +231,7 @@ class _Stream:
         buckets[key] = entry
         return entry
 
-    def _check(self, bucket: list[tuple[str, torch.Tensor]]) -> _Bucket:
+    def _check(self, bucket: list[tuple[str, torch.Tensor]]) -> Bucket:
         names: list[str] = []
         specs: list[TensorSpec] = []
         seen: set[str] = set()
@@ -365,7 +256,7 @@ class _Stream:
             specs.append(spec)
             nbytes += tensor.numel() * spec.dtype.itemsize
         positions = self.layout.positions
-        return _Bucket(
+        return Bucket(
             names=names,
             specs=specs,
             shapes=[torch.Size(spec.shape) for spec in specs],
