@@ -109,12 +109,6 @@ class CopyPlan:
         return _source_key(sources) == self._sources
 
     @property
-    def writes_eagerly(self) -> bool:
-        """Whether some tensors are copied outside the kernels (odd dtypes, layouts or
-        alignment): only then does :meth:`run` read its ``targets``."""
-        return bool(self._rest)
-
-    @property
     def captured(self) -> bool:
         """Whether the kernels now replay from a CUDA graph (from the second run into the same
         ``out`` on)."""
@@ -127,8 +121,9 @@ class CopyPlan:
         out: torch.Tensor,
     ) -> None:
         """The copy and the sums into ``out`` (on the plan's device), for the lists the plan
-        was made from or that :meth:`matches` accepted (``targets`` may be empty unless the
-        plan :attr:`writes_eagerly`)."""
+        was made from or that :meth:`matches` accepted. The kernels write to the targets'
+        addresses as planned; ``targets`` are read for the tensors copied outside them (odd
+        dtypes, layouts or alignment, and everything off CUDA)."""
         if out.device != self.device:
             raise ValueError(f"CopyPlan for {self.device} run with out on {out.device}")
         if self._prepared:

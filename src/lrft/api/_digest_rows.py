@@ -40,7 +40,9 @@ class Piece(NamedTuple):
 class Rows(NamedTuple):
     """What the reduction needs to know of each staged row, on the buffer's device."""
 
-    tensor: torch.Tensor  # (rows,) the tensor the row belongs to
+    # (rows,) the tensor the row belongs to, for the eager reduction; empty for the device
+    # kernels, which read `chunks`
+    tensor: torch.Tensor
     offset: torch.Tensor  # (rows,) 2 * ROW_WORDS * q for the row's index q within its tensor
     valid: torch.Tensor  # (rows,) bytes of the row that belong to its tensor
     partial: torch.Tensor  # (m,) the rows with fewer than ROW_BYTES valid bytes
@@ -104,14 +106,16 @@ def row_layout(pieces: Sequence[Piece], device: torch.device) -> Rows:
     valid = (per_row(meta[3]) - within * ROW_BYTES).clamp(0, ROW_BYTES)
     partial_rows = moved[len(facts) : len(facts) + len(partial)]
     if on_kernel:
+        tensor = torch.empty(0, dtype=torch.int64, device=device)
         tail_masks = torch.empty((0, ROW_WORDS), dtype=torch.int32, device=device)
     else:
+        tensor = per_row(meta[0])
         column = torch.arange(ROW_WORDS, dtype=torch.int64, device=device)
         kept = (valid[partial_rows][:, None] - 4 * column).clamp(0, 4)
         # bytes kept per word -> the word's mask: 4 -> all bits (-1 as int32), 0 -> none
         tail_masks = (torch.bitwise_left_shift(torch.ones_like(kept), 8 * kept) - 1).to(torch.int32)
     return Rows(
-        tensor=per_row(meta[0]),
+        tensor=tensor,
         offset=(within + per_row(meta[2])) * (2 * ROW_WORDS),
         valid=valid,
         partial=partial_rows,

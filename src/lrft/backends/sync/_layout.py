@@ -42,8 +42,8 @@ class Layout:
     def __init__(self, specs: Mapping[str, TensorSpec], order: Sequence[str] | None) -> None:
         self.specs = dict(specs)
         self.names = list(specs)
-        self.spec_objects = list(specs.values())
-        dtypes = {spec.dtype for spec in self.spec_objects}
+        self.spec_values = list(specs.values())
+        dtypes = {spec.dtype for spec in self.spec_values}
         self.gather_dtype = dtypes.pop() if len(dtypes) == 1 else None
         self.order_given = order
         # a tuple, the same object every sync: what an in-place sync lends, all at once
@@ -62,8 +62,8 @@ class Layout:
         # List equality tries identity first: an engine that hands out the same spec objects
         # sync after sync costs one pointer comparison per weight.
         return (
-            len(specs) == len(self.spec_objects)
-            and list(specs.values()) == self.spec_objects
+            len(specs) == len(self.spec_values)
+            and list(specs.values()) == self.spec_values
             and list(specs) == self.names
             and (
                 order is self.order_given or (None if order is None else tuple(order)) == self.order
