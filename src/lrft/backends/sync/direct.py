@@ -5,10 +5,10 @@ This is the colocated path: every rank gathers the full weights from its trainin
 largest transient allocation is a bucket or two (the one loading and, for a source that gathers
 ahead, the next one), never the model. Each bucket is one call into the
 engine (never one call per parameter). Verification compares the engine's digest of what it
-stores with the digest of what was sent, after the cast to the engine's dtype; the sent
-digests are computed on the device as the buckets pass and read back once, after the last
-bucket, so the stream makes no host round trip per tensor or per bucket. Unverified, each bucket
-goes to the engine as gathered and is cast by the engine's copy. Verified, into an engine whose
+stores with the digest of what was sent, after the cast to the dtype the engine declares for each
+tensor; the sent digests are computed on the device as the buckets pass and read back once, after
+the last bucket, so the stream makes no host round trip per tensor or per bucket. Unverified, each
+bucket goes to the engine as gathered and is cast by the engine's copy. Verified, into an engine whose
 loader lends its storage (``InPlaceWeightLoader``), each bucket is cast straight into it and
 fingerprinted as it is written (``copy_with_digest``, through a ``CopyPlan`` kept per bucket),
 and the sums are compared with the engine's on the device; into any other engine, it is first
