@@ -16,6 +16,7 @@ from lrft.api import EnginePart, GenerationRequest, GenerationResult, SamplingPa
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.testing.models import tiny_causal_lm
 from lrft.testing.reference import greedy_continuation
+from tests.gpu._memory import recording, reserved_report
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -155,18 +156,24 @@ def test_sleep_releases_static_cache_and_graphs() -> None:
     torch.cuda.synchronize(DEVICE)
     torch.cuda.empty_cache()
     baseline = torch.cuda.memory_reserved(DEVICE)
-    engine = HFRolloutEngine(
-        model, config=HFEngineConfig(device=DEVICE, dtype=torch.bfloat16, max_batch_size=64)
-    )
-    requests = _requests(8, 32000)
-    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=256, seed=3, return_logprobs=True)
-    engine.generate(requests, params)
-    awake = torch.cuda.memory_reserved(DEVICE) - baseline
-    engine.sleep(1)
-    asleep = torch.cuda.memory_reserved(DEVICE) - baseline
-    print(f"reserved MiB beyond the baseline: awake {awake / 2**20:.1f}, "
-          f"after sleep(1) {asleep / 2**20:.1f}")  # fmt: skip
-    assert asleep <= 0.1 * awake, f"sleep(1) kept {asleep} of {awake} bytes reserved"
+    with recording(DEVICE):
+        engine = HFRolloutEngine(
+            model, config=HFEngineConfig(device=DEVICE, dtype=torch.bfloat16, max_batch_size=64)
+        )
+        requests = _requests(8, 32000)
+        params = SamplingParams(
+            n=8, temperature=1.0, max_new_tokens=256, seed=3, return_logprobs=True
+        )
+        engine.generate(requests, params)
+        awake = torch.cuda.memory_reserved(DEVICE) - baseline
+        engine.sleep(1)
+        asleep = torch.cuda.memory_reserved(DEVICE) - baseline
+        print(f"reserved MiB beyond the baseline: awake {awake / 2**20:.1f}, "
+              f"after sleep(1) {asleep / 2**20:.1f}")  # fmt: skip
+        assert asleep <= 0.1 * awake, (
+            f"sleep(1) kept {asleep} of {awake} bytes reserved beyond the baseline; "
+            f"{reserved_report(DEVICE)}"
+        )
     engine.wake([EnginePart.WEIGHTS, EnginePart.KV_CACHE])
     after = engine.generate(requests[:2], params)
     torch.manual_seed(0)

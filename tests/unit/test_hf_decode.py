@@ -163,3 +163,45 @@ def test_compiled_step_needs_no_recompile_after_sleep_and_wake() -> None:
         engine.load_weights(list(other.state_dict().items()), version=2)
         with torch._dynamo.config.patch(error_on_recompile=True):
             assert torch.equal(logits(engine.model), other(ids).logits)
+
+
+def test_gqa_attention_equals_transformers_sdpa() -> None:
+    """lrft's attention (grouped heads in place, masks narrower than the cache) computes what
+    transformers' ``sdpa`` does, with and without a padding mask."""
+    from lrft.backends.rollout._hf_attention import GQA_SDPA, use_gqa_sdpa
+
+    reference, model = tiny_causal_lm(0), tiny_causal_lm(0)
+    use_gqa_sdpa(model)
+    assert model.config._attn_implementation == GQA_SDPA
+    ids = torch.tensor([[0, 0, 5, 17, 42, 9], [100, 3, 77, 8, 1, 2]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        for kwargs in ({}, {"attention_mask": mask}):
+            want = reference(input_ids=ids, **kwargs).logits
+            got = model(input_ids=ids, **kwargs).logits
+            keep = mask.bool() if kwargs else torch.ones_like(mask, dtype=torch.bool)
+            worst = (got - want)[keep].abs().max().item()
+            assert worst < 1e-5, f"logits differ by {worst} with {sorted(kwargs)}"
+
+
+def test_decoding_across_attended_widths_matches_the_reference() -> None:
+    """Rows of very different prompt lengths decoded past several attended widths (each step
+    reads only the cache columns up to the next ``LIVE_BUCKET`` multiple): every logprob equals
+    a plain full forward's ``log_softmax`` of the same tokens."""
+    from lrft.backends.rollout._hf_decode import LIVE_BUCKET
+    from lrft.testing.reference import token_logprobs
+
+    long_prompt = tuple((7 * i + 3) % 250 + 1 for i in range(LIVE_BUCKET + 20))
+    prompts = [PROMPT, long_prompt]
+    params = SamplingParams(temperature=1.0, max_new_tokens=150, seed=1, return_logprobs=True)
+    decoder = StaticDecoder(tiny_causal_lm(0), torch.device("cpu"), cuda_graphs=False)
+    with torch.inference_mode():
+        output = decoder.decode(prompts, 2, params)
+    assert output.logprobs is not None
+    assert len(long_prompt) + 150 > 2 * LIVE_BUCKET, "the decode must cross several widths"
+    reference = tiny_causal_lm(0)
+    for row, prompt in enumerate(prompts):
+        tokens = output.tokens[row].tolist()
+        want = torch.tensor(token_logprobs(reference, prompt, tokens))
+        worst = (output.logprobs[row] - want).abs().max().item()
+        assert worst < 1e-4, f"row {row} (prompt of {len(prompt)}): logprobs differ by {worst}"

@@ -28,16 +28,23 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import attrs
 import torch
 
 from lrft.api.types import SamplingParams
+from lrft.backends.rollout._hf_attention import GQA_SDPA, use_gqa_sdpa
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
 
 # Cache lengths are rounded up to a multiple of this, so that prompts of slightly different
 # lengths reuse one static cache and its captured graphs.
 _LENGTH_BUCKET = 64
+# A decode step attends to the cache's columns up to the next multiple of this past its own,
+# not to the whole cache: one graph per such width (a 1152-column cache has 9).
+LIVE_BUCKET = 128
 # Left padding and the steps of rows that already stopped hold this id; both are masked or cut
 # off, so any id in the vocabulary does.
 PAD_ID = 0
@@ -54,7 +61,7 @@ def static_decode_unsupported(model: torch.nn.Module) -> str | None:
     if layer_types != {"full_attention"}:
         return f"its layers are {sorted(layer_types)}; the static loop masks full attention only"
     implementation = getattr(config, "_attn_implementation", None)
-    if implementation not in ("sdpa", "eager"):
+    if implementation not in ("sdpa", "eager", GQA_SDPA):
         return f"attention implementation {implementation!r} takes no 4D additive mask"
     return None
 
@@ -103,8 +110,15 @@ class _Slot:
         self.top_k_index = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.min_new_tokens = torch.zeros((), dtype=torch.long, device=device)
         self.stop_columns = torch.zeros(vocab, dtype=torch.bool, device=device)
-        self.graphs: dict[_Mode, torch.cuda.CUDAGraph] = {}
+        # One graph per mode and attended width; they share one memory pool, as they never run
+        # at once and each leaves its results in the buffers above, not in the pool.
+        self.graphs: dict[tuple[_Mode, int], torch.cuda.CUDAGraph] = {}
+        self.pool: _POOL_HANDLE | None = None
         self.weight_pointers: tuple[int, ...] = ()
+
+    def drop_graphs(self) -> None:
+        self.graphs.clear()
+        self.pool = None
 
     def reset_cache(self) -> None:
         """Empty the cache in place (its tensors keep their addresses)."""
@@ -165,6 +179,10 @@ class StaticDecoder:
         self._decode_forward: Callable[..., torch.Tensor] = self._forward_one
         if compile_backend is not None:
             self._decode_forward = torch.compile(self._forward_one, backend=compile_backend)
+        use_gqa_sdpa(model)
+        # Only lrft's own attention takes masks narrower than the cache (transformers' eager
+        # attention adds the mask to scores over every cached column).
+        self._narrow_masks = getattr(model.config, "_attn_implementation", None) == GQA_SDPA
         self._slot: _Slot | None = None
         # One side stream for every warm-up and capture: cuBLAS keeps a workspace per stream,
         # so a fresh stream per capture would leave a workspace behind each time.
@@ -204,15 +222,21 @@ class StaticDecoder:
             truncate=not params.greedy and (params.top_k > 0 or params.top_p < 1.0),
             logprobs=params.return_logprobs,
         )
-        graph = self._graph_for(slot, mode) if self._cuda_graphs and steps > 1 else None
+        # Step s attends to the prompt and the s tokens before its own, rounded up.
+        attended = [self._attended(width + step, length) for step in range(1, steps)]
+        graphs = {}
+        if self._cuda_graphs:
+            # Captured before the prefill: a capture runs the step, which would disturb a decode.
+            graphs = {columns: self._graph_for(slot, mode, columns) for columns in set(attended)}
         self._prefill(slot, padded, width, mode)
         check = bool(params.stop_token_ids)
         done_steps = steps
-        for step in range(1, steps):
+        for step, columns in enumerate(attended, start=1):
+            graph = graphs.get(columns)
             if graph is not None:
                 graph.replay()
             else:
-                self._step(slot, mode)
+                self._step(slot, mode, columns)
             if check and (step + 1) % self._check_every == 0 and bool(slot.done.all()):
                 done_steps = step + 1
                 break
@@ -224,6 +248,12 @@ class StaticDecoder:
             logprobs = slot.logprobs[:real, :done_steps].to("cpu", copy=True)
         return DecodeOutput(tokens=tokens, logprobs=logprobs)
 
+    def _attended(self, live: int, length: int) -> int:
+        """The columns a step with ``live`` cache columns in use attends to."""
+        if not self._narrow_masks:
+            return length
+        return min(length, -(-live // LIVE_BUCKET) * LIVE_BUCKET)
+
     # --- memory ----------------------------------------------------------------------------
 
     def _slot_for(self, rows: int, length: int) -> _Slot:
@@ -232,7 +262,7 @@ class StaticDecoder:
         if slot is not None and (slot.rows, slot.length) == (rows, length):
             if slot.weight_pointers != pointers:
                 # The weights moved since the graphs were captured: their addresses are stale.
-                slot.graphs.clear()
+                slot.drop_graphs()
                 slot.weight_pointers = pointers
             return slot
         self.release()  # one slot at a time: free the old cache before allocating the new one
@@ -240,8 +270,8 @@ class StaticDecoder:
         slot.weight_pointers = pointers
         return slot
 
-    def _graph_for(self, slot: _Slot, mode: _Mode) -> torch.cuda.CUDAGraph:
-        graph = slot.graphs.get(mode)
+    def _graph_for(self, slot: _Slot, mode: _Mode, columns: int) -> torch.cuda.CUDAGraph:
+        graph = slot.graphs.get((mode, columns))
         if graph is not None:
             return graph
         # Capture runs the step on placeholder inputs; the caller's RNG stream and the slot's
@@ -251,20 +281,22 @@ class StaticDecoder:
             # Warm-ups on the current stream, which allocates the lazily built cache there, and
             # on a side stream, as PyTorch asks before a capture.
             self._reset_counters(slot)
-            self._step(slot, mode)
+            self._step(slot, mode, columns)
             if self._capture_stream is None:
                 self._capture_stream = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]  # unannotated in torch
             side = self._capture_stream
             side.wait_stream(torch.cuda.current_stream(self._device))
             with torch.cuda.stream(side):
                 self._reset_counters(slot)
-                self._step(slot, mode)
+                self._step(slot, mode, columns)
             torch.cuda.current_stream(self._device).wait_stream(side)
             self._reset_counters(slot)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=side):
-                self._step(slot, mode)
-        slot.graphs[mode] = graph
+            if slot.pool is None:
+                slot.pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=slot.pool, stream=side):
+                self._step(slot, mode, columns)
+        slot.graphs[(mode, columns)] = graph
         return graph
 
     @staticmethod
@@ -295,6 +327,8 @@ class StaticDecoder:
         keys = slot.columns[None, :]
         own = keys == query
         visible = (keys <= query) & (own | _pad_columns(present, slot.length)[:, None, :])
+        if self._narrow_masks:
+            visible = visible[:, :, :width]  # the prompts attend to their own columns only
         slot.reset_cache()
         logits = self._model(
             input_ids=input_ids,
@@ -311,9 +345,14 @@ class StaticDecoder:
         slot.done.zero_()
         self._sample(slot, logits[:, -1], mode)
 
-    def _step(self, slot: _Slot, mode: _Mode) -> None:
+    def _step(self, slot: _Slot, mode: _Mode, columns: int) -> None:
+        """One decode step attending to the cache's first ``columns`` columns (all of them for
+        attention that takes only a mask as wide as the cache)."""
+        keep = slot.keep[:, :columns] if self._narrow_masks else slot.keep
+        # One compiled step for every width, rather than one compile per width.
+        torch._dynamo.maybe_mark_dynamic(keep, 1)
         logits = self._decode_forward(
-            slot.cache, slot.next_input, slot.positions, slot.keep, slot.write_position
+            slot.cache, slot.next_input, slot.positions, keep, slot.write_position
         )
         slot.positions.add_(1)
         slot.write_position.add_(1)
