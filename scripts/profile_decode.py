@@ -37,7 +37,7 @@ from lrft.bench.workloads import load_workload
 
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
-        synchronize(device)
+        torch.cuda.synchronize(device)
 
 
 def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 10) -> float:

@@ -49,3 +49,37 @@ def reserved_report(device: torch.device, *, blocks: int = 6, frames: int = 6) -
                 f"  {block['state']} {block['size'] / _MiB:.2f} MiB <- {' < '.join(where) or '?'}"
             )
     return "\n".join(lines)
+
+
+def referrer_chains(target: object, *, depth: int = 5, width: int = 4) -> str:
+    """What keeps ``target`` alive: the objects referring to it, and to those, ``depth`` deep
+    (frames and this module's own containers left out)."""
+    import gc
+    import inspect
+
+    lines: list[str] = []
+    seen = {id(target)}
+
+    def describe(obj: object) -> str:
+        text = type(obj).__qualname__
+        if isinstance(obj, dict):
+            text += f" keys={list(obj)[:6]}"
+        elif inspect.isfunction(obj) or inspect.ismethod(obj):
+            text += f" {getattr(obj, '__qualname__', '')}"
+        return text
+
+    def walk(obj: object, level: int) -> None:
+        if level >= depth:
+            return
+        referrers = [
+            r
+            for r in gc.get_referrers(obj)
+            if not inspect.isframe(r) and id(r) not in seen and r is not lines and r is not seen
+        ]
+        for referrer in referrers[:width]:
+            seen.add(id(referrer))
+            lines.append("  " * level + describe(referrer))
+            walk(referrer, level + 1)
+
+    walk(target, 0)
+    return "\n".join(lines) or "(no referrers)"
