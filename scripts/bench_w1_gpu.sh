@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# W1 side by side on one GPU: TRL's GRPOTrainer (the anchor) and `lrft bench`, in one call,
-# plus the GPU's ceilings and lrft's training-MFU workload.
+# W1 (and W2) side by side on one GPU: TRL's GRPOTrainer (the anchor) and `lrft bench`, in one
+# call, plus the GPU's ceilings and lrft's training-MFU workload.
 #
 #   bash scripts/bench_w1_gpu.sh prepare   # here, once: the TRL wheels and the TRL script
 #   bash scripts/bench_w1_gpu.sh run       # on the GPU machine, from the repository root
@@ -14,10 +14,13 @@
 #   trl_w1.json         TRL on W1: median s/step of steps 3-6, samples/s, tokens/s, peak memory
 #   lrft_w1.json        lrft on W1: GRPO per phase, weight sync, engine sleep (lrft bench all)
 #   lrft_1p5b.json      lrft's FSDP2 training MFU on the 1.5 B config, its sync and sleep
+#   trl_w2.json         TRL on W2 (the 1.5 B shape, 128 x 1024 tokens): median s/step of steps 2-4
+#   lrft_w2.json        lrft on W2: GRPO per phase (lrft bench grpo --workload w2)
 #   *.log               each stage's output
 # Each stage has its own time limit (seconds; LIMIT_<stage> overrides), chosen so that all of
 # them fit one device call (600 s): a slow stage leaves the others' results. STAGES picks the
-# stages, e.g. STAGES="lrft_w1" to rerun lrft alone.
+# stages, e.g. STAGES="lrft_w1" to rerun lrft alone; the W2 pair fits one call of its own:
+#   run(command='STAGES="trl_w2 lrft_w2" bash scripts/bench_w1_gpu.sh run', carry=[".whl", ".bench"])
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -79,6 +82,14 @@ run() {
     if [[ $stages == *" lrft_1p5b "* ]]; then
         stage lrft_1p5b "${LIMIT_lrft_1p5b:-110}" env PYTHONPATH="$here/src" python3 -m lrft \
             bench all --workload qwen2-1.5b --output "$out/lrft_1p5b.json" --work_dir /tmp/lrft-bench
+    fi
+    if [[ $stages == *" trl_w2 "* ]]; then
+        stage trl_w2 "${LIMIT_trl_w2:-250}" env PYTHONPATH=/tmp/trl-site python3 .bench/trl_w2.py
+        grep '^{' "$out/trl_w2.log" | tail -n 1 > "$out/trl_w2.json"
+    fi
+    if [[ $stages == *" lrft_w2 "* ]]; then
+        stage lrft_w2 "${LIMIT_lrft_w2:-330}" env PYTHONPATH="$here/src" python3 -m lrft bench \
+            grpo --workload w2 --output "$out/lrft_w2.json" --work_dir /tmp/lrft-bench
     fi
     ls -la "$out"
 }
