@@ -1,9 +1,11 @@
 """``torchrun --nproc_per_node 2 -m lrft train`` end to end, on gloo: resume after SIGKILL is
-bit-exact, a failing rank stops every rank, the Hugging Face export loads."""
+bit-exact, a failing rank stops every rank, the Hugging Face export loads, a save path holds one
+run."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import math
 import os
@@ -21,6 +23,7 @@ from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from transformers import AutoModelForCausalLM
 
+from lrft.trainer.checkpoint import read_manifest
 from tests.trainer.fixtures import REWARD_FLAG, base_args, make_model_folder, make_prompt_files
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +35,9 @@ def _command(args: list[str]) -> list[str]:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    # This tree's lrft, whatever an installed copy is: the workers import what is tested here.
+    paths = [str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, paths)), OMP_NUM_THREADS="1")
     env.update(extra)
     return env
 
@@ -111,7 +116,8 @@ def test_sigkill_after_checkpoint_then_resume_is_bit_identical(
     assert not (killed / "hf_model").exists()
     assert not (killed / "checkpoints" / "global_step4").exists()
 
-    resumed = _run([*base_args(model, train, held_out, killed), *steps, "--load_checkpoint"])
+    # The same command (a resume may not change the reward); without the marker it never hangs.
+    resumed = _run([*args, "--load_checkpoint"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "at step 2" in resumed.stdout
 
@@ -226,3 +232,61 @@ def test_ppo_with_a_critic_logs_value_losses_and_resumes_bit_identically(
     # the export is the actor alone: no value head in it
     assert not [name for name in expected if name.startswith("score.")]
     assert set(expected) <= set(initial)
+
+
+def _snapshot(save: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(save)): p.read_bytes() for p in save.rglob("*") if p.is_file()}
+
+
+def test_a_save_path_holds_one_run_and_a_resume_must_match_it(
+    inputs: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
+    """Rerunning a command into its own output folder is refused and changes nothing; a resume
+    with another temperature and seed is refused, naming both; a resume that only runs longer continues the same run, each
+    step logged once."""
+    model, train, held_out = inputs
+    save = tmp_path / "out"
+    args = [*base_args(model, train, held_out, save), "--save_steps=1", "--max_ckpt_num=2"]
+    if importlib.util.find_spec("tensorboard") is not None:
+        args.append("--use_tensorboard")
+    first = _run([*args, "--max_steps=2"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_id = json.loads((save / "run.json").read_text())["run_id"]
+    before = _snapshot(save)
+
+    again = _run([*args, "--max_steps=2"])
+    # torchrun exits 1 when a worker fails; the worker says why (and exits 2)
+    assert again.returncode != 0
+    assert "lrft: rank 0: configuration error: save_path" in again.stderr
+    assert "already holds the outputs of another run: run.json, metrics.jsonl" in again.stderr
+    for way_out in ("--load_checkpoint", "fresh --save_path", "--overwrite_output"):
+        assert way_out in again.stderr
+    changed = ["--temperature=0.5", "--seed=7"]
+    other = _run([*args, "--max_steps=3", *changed, "--load_checkpoint"])
+    assert other.returncode != 0
+    assert "global_step2 was written with other settings" in other.stderr
+    assert "temperature 1.0 -> 0.5; seed 42 -> 7" in other.stderr
+    assert _snapshot(save) == before
+
+    resumed = _run([*args, "--max_steps=3", "--load_checkpoint"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming with changed settings: max_steps 2 -> 3" in resumed.stdout
+    assert "at step 2" in resumed.stdout
+    first_lines = before["metrics.jsonl"].splitlines(keepends=True)
+    lines = (save / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    assert lines[: len(first_lines)] == first_lines
+    logged = [(row["step"], row["kind"]) for row in map(json.loads, lines)]
+    # the first run's last step was evaluated (it ended there); the resumed one goes on
+    assert logged == [
+        (0, "eval"),
+        (1, "train"),
+        (2, "train"),
+        (2, "eval"),
+        (3, "train"),
+        (3, "eval"),
+    ]
+    assert json.loads((save / "run.json").read_text())["run_id"] == run_id
+    checkpoints = sorted(p.name for p in (save / "checkpoints").iterdir())
+    assert checkpoints == ["global_step2", "global_step3"]
+    for name in checkpoints:
+        assert read_manifest(save / "checkpoints" / name)["run_id"] == run_id

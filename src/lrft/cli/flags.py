@@ -348,7 +348,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         name="save_path",
         kind=str,
-        help="output folder: metrics.jsonl, hf_model/, curves.png, tensorboard/",
+        help="output folder of one run: metrics.jsonl, hf_model/, curves.png, tensorboard/, "
+        "run.json (a folder holding another run's outputs is refused)",
     ),
     Flag(name="ckpt_path", kind=str, help="checkpoint folder (default: SAVE_PATH/checkpoints)"),
     Flag(name="save_steps", kind=int, help="checkpoint every N iterations (-1: never)"),
@@ -356,7 +357,15 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         name="load_checkpoint",
         kind=bool,
-        help="resume from the latest complete checkpoint in ckpt_path",
+        help="resume from the latest complete checkpoint in ckpt_path; its settings must match "
+        "but for the run's length, paths, cadences, logging, memory and speed settings",
+    ),
+    Flag(
+        name="overwrite_output",
+        kind=bool,
+        help="start a new run in a save_path (or ckpt_path) that holds another run's outputs, "
+        "removing exactly lrft's outputs there first (metrics, TensorBoard logs, curves, "
+        "trajectories, W&B files, hf_model, checkpoints); without it such a run is refused",
     ),
     Flag(
         name="eval_steps", kind=int, help="evaluate every N iterations (-1: at start and end only)"

@@ -59,6 +59,11 @@ def check_run_settings(config: TrainConfig) -> None:
         raise ConfigError(
             f"max_steps must be a positive integer or unset, got {config.max_steps!r}"
         )
+    if config.load_checkpoint and config.overwrite_output:
+        raise ConfigError(
+            "load_checkpoint continues the run in save_path, overwrite_output replaces it with "
+            "a new one: choose one"
+        )
     if config.pretrain is not None and config.prompt_data is None and config.preset is None:
         raise ConfigError(
             "pretrain needs prompt_data (only the built-in demo and presets bring their own)"

@@ -26,12 +26,15 @@ from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
 from lrft.data import PromptDataConfig, PromptDataset, load_prompt_dataset
 from lrft.dist import RankInfo, RolloutLayout, init_distributed
 from lrft.rewards import RewardFn
+from lrft.trainer import checkpoint as ckpt
 from lrft.trainer import demo
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.critic import load_critic
 from lrft.trainer.experience import Decode, ExperienceMaker
 from lrft.trainer.export import export_hf
+from lrft.trainer.outputs import claim_outputs
 from lrft.trainer.presets import preset_config
+from lrft.trainer.resume import check_resume_settings
 from lrft.trainer.rewards import build_reward, check_reward_settings, data_labels
 from lrft.trainer.trainer import RLTrainer
 
@@ -196,18 +199,36 @@ def experience_maker(
     )
 
 
+def _check_outputs(config: TrainConfig, rank: int) -> None:
+    """Whether this run may write into its folders (:func:`claim_outputs`, which with
+    ``overwrite_output`` clears them), before the demo or a preset writes its prompt files."""
+    removed = claim_outputs(config, rank=rank)
+    if removed is not None:
+        print(removed, flush=True)
+
+
+def _check_resume(config: TrainConfig) -> None:
+    """A resume's settings against its checkpoint's, once the demo or preset filled them in."""
+    latest = ckpt.latest_checkpoint(Path(config.checkpoint_dir))
+    if config.load_checkpoint and latest is not None:
+        check_resume_settings(ckpt.read_manifest(latest), config, latest)
+
+
 def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLTrainer:
-    """Start the process group (with the configured collective timeout) and build everything."""
+    """Check the run's folders and settings, then start the process group (with the configured
+    collective timeout) and build everything."""
     info = rank_info if rank_info is not None else RankInfo.from_env()
     config.validate_world(info.world_size)
     if config.engine_type == "vllm":
         _engine_memory_share(config, info)  # its ConfigError before any process group starts
+    _check_outputs(config, info.rank)
     if config.preset is not None:
         config = preset_config(config, info.rank)
     elif config.pretrain is None:
         config = demo.demo_config(config, info.rank)
     assert config.pretrain is not None
     assert config.prompt_data is not None
+    _check_resume(config)
     check_reward_settings(config)
     init_distributed(info, timeout=timedelta(seconds=config.collective_timeout_s))
     torch.manual_seed(config.seed)

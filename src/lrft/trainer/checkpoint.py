@@ -6,6 +6,10 @@ trained, ``critic/`` (the same for the critic). A checkpoint is written under
 ``<root>/.tmp-global_step<k>`` and renamed when every rank has finished, so a directory named
 ``global_step<k>`` is always complete; an interrupted write leaves only a temporary directory,
 which :func:`latest_checkpoint` ignores and the next write of that step removes.
+
+The manifest's ``run_id`` names the run that wrote a checkpoint (a resumed run keeps its
+checkpoint's id). Rotation removes only checkpoints of the writing run, and never the one just
+written; a step that another run's checkpoint already holds is refused, never replaced.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ MODEL_DIR = "model"
 CRITIC_DIR = "critic"
 FORMAT_VERSION = 1
 _NAME = re.compile(r"global_step(\d+)")
+_ENTRY = re.compile(r"(\.tmp-|\.old-)?global_step\d+")
+RUN_ID = "run_id"
+"""The manifest key naming the run that wrote a checkpoint."""
+_UNREADABLE = object()  # the owner of a checkpoint whose manifest cannot be read: nobody's
 
 
 def _rank() -> int:
@@ -74,6 +82,25 @@ def checkpoint_steps(root: Path) -> list[int]:
     return sorted(steps)
 
 
+def checkpoint_entries(root: Path) -> list[Path]:
+    """Every checkpoint directory under ``root``: complete ones and the temporary names of an
+    unfinished write or replacement, by step."""
+    if not root.is_dir():
+        return []
+    entries = [path for path in root.iterdir() if _ENTRY.fullmatch(path.name)]
+    return sorted(entries, key=lambda path: (int(path.name.rsplit("step", 1)[1]), path.name))
+
+
+def checkpoint_owner(directory: Path) -> object:
+    """The ``run_id`` in ``directory``'s manifest (``None`` when it records none: a checkpoint
+    of an older lrft, or one written without an id); a sentinel matching no run when the
+    manifest cannot be read."""
+    try:
+        return read_manifest(directory).get(RUN_ID)
+    except (OSError, ValueError):
+        return _UNREADABLE
+
+
 def latest_checkpoint(root: Path) -> Path | None:
     steps = checkpoint_steps(root)
     return root / f"global_step{steps[-1]}" if steps else None
@@ -88,12 +115,25 @@ def save_checkpoint(
     max_keep: int,
     critic: TrainableModel | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` atomically, then keep only the newest ``max_keep``. Collective.
+    """Write checkpoint ``step`` atomically, then keep only the newest ``max_keep`` of this
+    run's. Collective.
 
-    ``manifest`` holds rank 0's JSON values; every rank's RNG state is gathered into it.
+    ``manifest`` holds rank 0's JSON values; every rank's RNG state is gathered into it. Its
+    ``run_id`` (absent: ``None``) says which run this is: rotation removes only that run's older
+    checkpoints, never the one just written nor another run's. Raises ``ConfigError``, on every
+    rank and before writing anything, when another run's checkpoint already holds ``step``.
     """
     final = root / f"global_step{step}"
     temporary = root / f".tmp-global_step{step}"
+    owner = manifest.get(RUN_ID)
+    # Every rank reads it (the folder is shared: every rank writes its shards into it), so all
+    # raise alike instead of leaving the others waiting in the barrier below.
+    if (final / MANIFEST).is_file() and checkpoint_owner(final) != owner:
+        raise ConfigError(
+            f"checkpoint {final} was written by run {checkpoint_owner(final)!r}, not by this "
+            f"run {owner!r}: lrft never replaces another run's checkpoint; give this run a "
+            "fresh --ckpt_path"
+        )
     if _rank() == 0:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(temporary, ignore_errors=True)
@@ -116,10 +156,21 @@ def save_checkpoint(
             final.rename(stale)
         temporary.rename(final)
         shutil.rmtree(stale, ignore_errors=True)
-        for old in checkpoint_steps(root)[:-max_keep]:
-            shutil.rmtree(root / f"global_step{old}", ignore_errors=True)
+        _rotate(root, keep=final, owner=owner, max_keep=max_keep)
     _barrier()
     return final
+
+
+def _rotate(root: Path, *, keep: Path, owner: object, max_keep: int) -> None:
+    """Remove ``owner``'s oldest checkpoints beyond ``max_keep``, ``keep`` counted and kept."""
+    others = [
+        root / f"global_step{step}"
+        for step in checkpoint_steps(root)
+        if root / f"global_step{step}" != keep
+    ]
+    ours = [path for path in others if checkpoint_owner(path) == owner]
+    for old in ours[: max(0, len(ours) - (max_keep - 1))]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:

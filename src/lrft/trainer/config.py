@@ -224,6 +224,12 @@ class TrainConfig:
     save_steps: int = -1
     max_ckpt_num: int = attrs.field(default=3, validator=f.positive)
     load_checkpoint: bool = False
+    """Resume from the newest complete checkpoint in ``checkpoint_dir``; its settings must
+    match this run's but for :data:`lrft.trainer.resume.RESUMABLE_SETTINGS`."""
+    overwrite_output: bool = False
+    """Start a new run over another run's outputs in ``save_path`` and ``checkpoint_dir``,
+    removing exactly those outputs first (:mod:`lrft.trainer.outputs`); without it such a run
+    is refused."""
     eval_steps: int = -1
     save_hf_model: bool = True
     use_tensorboard: bool = attrs.field(

@@ -12,6 +12,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerBa
 from lrft.api.protocols import WeightSource
 
 EXPORT_BUCKET_BYTES = 64 * 2**20
+HF_MODEL_DIR = "hf_model"
+"""The exported model's folder under ``SAVE_PATH``; written as ``.tmp-hf_model`` first."""
 
 
 def export_hf(

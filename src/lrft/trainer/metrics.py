@@ -23,6 +23,11 @@ if TYPE_CHECKING:
 PLOTS_EXTRA = "pip install 'lrft[plots]'"
 """How to install the optional plotting and TensorBoard dependencies; named in errors."""
 
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+CURVES_FILE = "curves.png"
+"""The names of the metrics outputs under ``SAVE_PATH``."""
+
 
 class JsonlMetrics:
     """Appends ``{"step": k, "kind": ..., name: value, ...}`` lines to ``path`` (rank 0 only)."""
@@ -117,9 +122,9 @@ class MetricsWriter:
         tensorboard: bool,
         wandb: WandbMetrics | None = None,
     ) -> None:
-        self.jsonl = JsonlMetrics(save_path / "metrics.jsonl", enabled=enabled)
+        self.jsonl = JsonlMetrics(save_path / METRICS_FILE, enabled=enabled)
         self.tensorboard = (
-            TensorBoardMetrics(save_path / "tensorboard") if enabled and tensorboard else None
+            TensorBoardMetrics(save_path / TENSORBOARD_DIR) if enabled and tensorboard else None
         )
         self.wandb = wandb if enabled else None
 

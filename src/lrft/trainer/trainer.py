@@ -24,10 +24,13 @@ from lrft.trainer.colocation import Colocation
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.critic import CriticUpdate, critic_values
 from lrft.trainer.experience import ExperienceMaker, pack, pack_engine_logprobs, reward_means
-from lrft.trainer.metrics import MetricsWriter, plot_curves
+from lrft.trainer.export import HF_MODEL_DIR
+from lrft.trainer.metrics import CURVES_FILE, MetricsWriter, plot_curves
+from lrft.trainer.outputs import claim_outputs, own_outputs
 from lrft.trainer.policy import PolicyUpdate, needs_old_logprob_pass
 from lrft.trainer.progress import Console
 from lrft.trainer.replay import ReplayBuffer
+from lrft.trainer.resume import check_resume_settings
 from lrft.trainer.sampling import Refill, ScoredGroups, continuation_seed, refill_groups
 from lrft.trainer.trajectories import TRAJECTORY_DIR, TrajectoryWriter, sample_records
 from lrft.trainer.wandb_metrics import DEFAULT_PROJECT, WandbMetrics, WandbSettings
@@ -139,6 +142,9 @@ class RLTrainer:
             else None
         )
         self.step = 0
+        self.run_id: str | None = None
+        """The run's id (in ``run.json`` and every checkpoint's manifest), set by :meth:`fit`:
+        a resumed run's is its checkpoint's."""
 
     def _wandb(self) -> WandbMetrics:
         settings = WandbSettings(
@@ -309,6 +315,7 @@ class RLTrainer:
             "reward_moments": attrs.asdict(self.maker.reward_moments),
             "data_fingerprint": self.train_data.fingerprint,
             "world_size": self.world_size,
+            ckpt.RUN_ID: self.run_id,
             # A resumed job logs into the same W&B run, so its curves continue instead of
             # restarting in a new run.
             "wandb_run_id": None if self.metrics.wandb is None else self.metrics.wandb.run_id,
@@ -329,6 +336,9 @@ class RLTrainer:
         if latest is None:
             self._say(f"no checkpoint under {self.config.checkpoint_dir}: starting from step 0")
             return False
+        changed = check_resume_settings(ckpt.read_manifest(latest), self.config, latest)
+        if changed:
+            self._say(f"resuming with changed settings: {'; '.join(changed)}")
         with self.colocation.optimizer_resident():
             manifest = ckpt.load_checkpoint(latest, self.actor, self.critic)
         if manifest["data_fingerprint"] != self.train_data.fingerprint:
@@ -339,6 +349,8 @@ class RLTrainer:
         self.sampler.load_state_dict(manifest["sampler"])
         self.maker.reward_moments = RunningMoments(**manifest["reward_moments"])
         self.step = int(manifest["step"])
+        saved_run = manifest.get(ckpt.RUN_ID)
+        self.run_id = None if saved_run is None else str(saved_run)
         self.metrics.resume_at(self.step)
         run_id = manifest.get("wandb_run_id")
         if run_id is not None and self.metrics.wandb is not None:
@@ -364,8 +376,12 @@ class RLTrainer:
 
     def _fit(self) -> FitResult:
         start = time.perf_counter()
+        removed = claim_outputs(self.config, rank=self.rank)
+        if removed is not None:
+            self._say(removed)
         if self.config.load_checkpoint:
             self.resume()
+        self.run_id = own_outputs(Path(self.config.save_path), self.run_id, rank=self.rank)
         if self.metrics.wandb is not None:
             self.metrics.wandb.start()  # after resume: it may continue the checkpoint's run
         if self.trajectories is not None:
@@ -408,11 +424,11 @@ class RLTrainer:
 
     def _finish(self) -> None:
         if self.export is not None:
-            target = Path(self.config.save_path) / "hf_model"
+            target = Path(self.config.save_path) / HF_MODEL_DIR
             self.export(target)
             self._say(f"Hugging Face model written to {target}")
         if self.rank == 0 and self.metrics.path.exists():
-            png = Path(self.config.save_path) / "curves.png"
+            png = Path(self.config.save_path) / CURVES_FILE
             if plot_curves(self.metrics.path, png):
                 self._say(f"curves written to {png}")
             else:

@@ -27,6 +27,8 @@ WANDB_EXTRA = "pip install 'lrft[wandb]'"
 """How to install the optional W&B dependency; named in errors."""
 
 DEFAULT_PROJECT = "lrft"
+FILES_DIR = "wandb"
+"""The folder wandb makes for its local files under the settings' ``directory``."""
 
 _RUN_ID_CHARACTERS = string.ascii_lowercase + string.digits
 

@@ -12,6 +12,7 @@ import torch
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import TrainableModel
 from lrft.trainer.checkpoint import (
+    checkpoint_owner,
     checkpoint_steps,
     latest_checkpoint,
     load_checkpoint,
@@ -107,3 +108,46 @@ def test_resuming_with_a_critic_from_a_run_without_one_is_refused(tmp_path: Path
     )
     with pytest.raises(ConfigError, match=r"holds a critic, but this run trains none"):
         load_checkpoint(tmp_path / "ppo" / "global_step1", _actor(0))
+
+
+def _owners(root: Path) -> dict[int, object]:
+    return {step: checkpoint_owner(root / f"global_step{step}") for step in checkpoint_steps(root)}
+
+
+def test_rotation_keeps_the_checkpoint_just_written_and_never_touches_another_run(
+    tmp_path: Path,
+) -> None:
+    # Another run's checkpoints 8, 12, 16, then a new run writing every 4 steps, keeping 3.
+    for step in (8, 12, 16):
+        save_checkpoint(
+            tmp_path, step=step, actor=_actor(step), manifest={"run_id": "a"}, max_keep=3
+        )
+    written = save_checkpoint(
+        tmp_path, step=4, actor=_actor(4), manifest={"run_id": "b"}, max_keep=3
+    )
+    assert written.is_dir()
+    assert _owners(tmp_path) == {4: "b", 8: "a", 12: "a", 16: "a"}
+    for step in (5, 6, 7):
+        save_checkpoint(
+            tmp_path, step=step, actor=_actor(step), manifest={"run_id": "b"}, max_keep=3
+        )
+    # b keeps its newest three; a's are all still there
+    assert _owners(tmp_path) == {5: "b", 6: "b", 7: "b", 8: "a", 12: "a", 16: "a"}
+
+
+def test_rotation_keeps_the_checkpoint_just_written_below_newer_ones_of_its_run(
+    tmp_path: Path,
+) -> None:
+    save_checkpoint(tmp_path, step=8, actor=_actor(8), manifest={"run_id": "a"}, max_keep=1)
+    save_checkpoint(tmp_path, step=4, actor=_actor(4), manifest={"run_id": "a"}, max_keep=1)
+    assert checkpoint_steps(tmp_path) == [4]
+
+
+def test_a_step_held_by_another_run_is_refused_and_left_alone(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path, step=12, actor=_actor(12), manifest={"run_id": "a"}, max_keep=3)
+    with pytest.raises(ConfigError, match=r"written by run 'a', not by this run 'b'.*--ckpt_path"):
+        save_checkpoint(tmp_path, step=12, actor=_actor(1), manifest={"run_id": "b"}, max_keep=3)
+    actor = FakeActor(0)
+    manifest = load_checkpoint(tmp_path / "global_step12", cast(TrainableModel, actor))
+    assert (actor.value.item(), manifest["run_id"]) == (12.0, "a")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step12"]

@@ -1,0 +1,131 @@
+"""What a resumed run may change: its checkpoint's settings against the current ones.
+
+A checkpoint's manifest holds the whole :class:`TrainConfig` of the run that wrote it. A resume
+(``load_checkpoint``) must match it in every setting that decides what the run computes: the
+model, data and rewards, the algorithm and its hyperparameters, the batch geometry, sampling,
+the engine, the training backend and the seed. Those settings are read when a run starts and
+their effects live in the checkpoint (its sampler position, optimizer state, RNG states), so a
+change would be ignored in part or silently mixed with the old run. :data:`RESUMABLE_SETTINGS`
+are the exceptions: where the run writes, how long it runs, how often it checkpoints, evaluates
+and logs, and the memory and speed settings, which change how a step is computed but not its
+result (up to floating-point summation order).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from lrft.api.errors import ConfigError
+from lrft.trainer.config import TrainConfig
+
+RESUMABLE_SETTINGS = frozenset(
+    {
+        # where the run reads and writes (the prompts' content is checked by the manifest's
+        # data fingerprint, not by the path)
+        "save_path",
+        "ckpt_path",
+        "cache_dir",
+        "prompt_data",
+        "load_checkpoint",
+        "overwrite_output",
+        # how long it runs
+        "max_steps",
+        "num_episodes",
+        # checkpoints, evaluation, logging and outputs
+        "save_steps",
+        "max_ckpt_num",
+        "eval_dataset",
+        "eval_max_samples",
+        "eval_steps",
+        "save_hf_model",
+        "use_tensorboard",
+        "use_wandb",
+        "wandb_project",
+        "wandb_org",
+        "wandb_group",
+        "wandb_run_name",
+        "progress_bar",
+        "save_trajectories",
+        "save_trajectories_steps",
+        # operations: timeouts, and where the reward services answer (their URLs may carry
+        # credentials, which change without the reward changing)
+        "collective_timeout_s",
+        "remote_rm_url",
+        "remote_rm_timeout_s",
+        "remote_rm_max_attempts",
+        # memory placement and speed, documented as not changing the result
+        "enable_engine_sleep",
+        "engine_mem_util",
+        "hf_decode",
+        "gradient_checkpointing",
+        "fsdp_cpu_offload",
+        "fsdp_reshard_after_forward",
+        "fsdp_defer_gradient_sync",
+        "adam_offload",
+        "max_tokens_per_micro_batch",
+    }
+)
+"""The settings a resumed run may change; every other setting must equal the checkpoint's."""
+
+_UNSHOWN = frozenset({"remote_rm_url"})
+"""Changed settings named without their values: they may hold credentials."""
+
+
+def _json(value: object) -> object:
+    # The manifest stores JSON: tuples come back as lists.
+    return json.loads(json.dumps(value))
+
+
+def settings_changes(saved: Mapping[str, Any], config: TrainConfig) -> tuple[list[str], list[str]]:
+    """The settings of ``config`` that differ from ``saved`` (a manifest's config), as
+    ``name saved -> now``: those that block a resume, and those a resume may change.
+
+    A setting the manifest lacks (written by an older lrft) is compared as its default.
+    """
+    blocking: list[str] = []
+    allowed: list[str] = []
+    for field in attrs.fields(TrainConfig):
+        now = _json(getattr(config, field.name))
+        if field.name in saved:
+            before = saved[field.name]
+        elif isinstance(field.default, attrs.Factory):  # type: ignore[arg-type]  # attrs.Factory is a class at run time
+            continue  # a default computed from other settings: nothing to compare with
+        else:
+            before = _json(field.default)
+        if before == now:
+            continue
+        if field.name in _UNSHOWN:
+            change = f"{field.name} (changed)"
+        else:
+            change = f"{field.name} {before!r} -> {now!r}"
+        (allowed if field.name in RESUMABLE_SETTINGS else blocking).append(change)
+    return blocking, allowed
+
+
+def check_resume_settings(
+    manifest: Mapping[str, Any], config: TrainConfig, directory: Path
+) -> list[str]:
+    """Raise ``ConfigError`` naming every setting of ``config`` that differs from the one
+    checkpoint ``directory`` (its ``manifest``) was written with, where a resume may not change
+    it; return the changes it may make, for the run to report."""
+    saved = manifest.get("config")
+    if not isinstance(saved, Mapping):
+        raise ConfigError(
+            f"checkpoint {directory} records no configuration, so it cannot be checked against "
+            "this run's: resume only checkpoints written by lrft train"
+        )
+    blocking, allowed = settings_changes(saved, config)
+    if blocking:
+        raise ConfigError(
+            f"checkpoint {directory} was written with other settings, which a resume may not "
+            f"change (checkpoint -> this run): {'; '.join(blocking)}. Resume with the "
+            "checkpoint's settings, or start a new run in a fresh --save_path. A resume may "
+            "change only the run's length, its output paths, its checkpoint, evaluation and "
+            "logging settings, and the memory and speed settings (docs/trainer.md)"
+        )
+    return allowed
