@@ -89,7 +89,7 @@ def score_with_engine(
     folder: Path, rows: list[dict[str, str]], max_new_tokens: int
 ) -> dict[str, Any]:
     """The exported judge through the hf engine, against transformers' own greedy generate."""
-    template = load_judge_template(str(folder.parent / "template.json"))
+    template = load_judge_template(str(folder.parent.parent / "template.json"))
     tokenizer = AutoTokenizer.from_pretrained(folder)
     engine = HFRolloutEngine.from_pretrained(
         folder,

@@ -56,7 +56,16 @@ def _deepspeed(stage: int) -> Any:
     return make
 
 
-def train(root: Path, save: str, zero_stage: int | None) -> dict[str, Any]:
+SCHEDULED = {"l2": 0.1, "max_norm": 0.5, "lr_scheduler": "cosine", "lr_warmup_steps": 1}
+"""Weight decay, a tighter clip and a warmed-up cosine schedule, against the reference's."""
+MULTIPLIERS = {"constant": [1.0, 1.0, 1.0], "cosine": [0.5, 1.0, 0.5]}
+"""The LR multiplier of steps 0, 1, 2: warm-up (0 + 1) / (1 + 1), then 0.5 (1 + cos(pi p)) with
+p = 0 and 1/2 of the two steps after it."""
+
+
+def train(
+    root: Path, save: str, zero_stage: int | None, settings: dict[str, Any]
+) -> dict[str, Any]:
     _inputs(root)
     context = current_rank_context()
     config = RMTrainConfig(
@@ -69,6 +78,7 @@ def train(root: Path, save: str, zero_stage: int | None) -> dict[str, Any]:
         seed=SEED,
         save_path=str(root / save),
         zero_stage=zero_stage,
+        **settings,
     )
     info = RankInfo(
         rank=context.rank,
@@ -87,7 +97,7 @@ def train(root: Path, save: str, zero_stage: int | None) -> dict[str, Any]:
 
 
 def reference(
-    root: Path, head: dict[str, torch.Tensor]
+    root: Path, head: dict[str, torch.Tensor], settings: dict[str, Any]
 ) -> tuple[list[dict[str, float]], dict[str, torch.Tensor]]:
     """Plain PyTorch: each pair alone through transformers' model, the loss by hand."""
     tokenizer = AutoTokenizer.from_pretrained(root / "model")
@@ -98,7 +108,9 @@ def reference(
     sampler = DistributedPromptSampler(
         num_samples=len(rows), global_batch_size=BATCH, rank=0, world_size=1, seed=SEED
     )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    decay, clip = settings.get("l2", 0.0), settings.get("max_norm", 1.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=decay)
+    multipliers = MULTIPLIERS[settings.get("lr_scheduler", "constant")]
 
     def score(text: str) -> torch.Tensor:
         ids = torch.tensor([tokenizer.encode(text)])
@@ -106,26 +118,35 @@ def reference(
         return logits[0, 0]
 
     steps = []
-    for _ in range(STEPS):
+    for step in range(STEPS):
         batch = [rows[i] for i in sampler.next_batch().indices]
         chosen = torch.stack([score(r["prompt"] + r["chosen"]) for r in batch])
         rejected = torch.stack([score(r["prompt"] + r["rejected"]) for r in batch])
         loss = -F.logsigmoid(chosen - rejected).mean()
         optimizer.zero_grad()
         torch.autograd.backward(loss)
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=clip)
+        for group in optimizer.param_groups:
+            group["lr"] = LR * multipliers[step]
         optimizer.step()
-        steps.append({"train/loss": float(loss.detach()), "train/grad_norm": float(norm)})
+        steps.append(
+            {
+                "train/loss": float(loss.detach()),
+                "train/grad_norm": float(norm),
+                "train/lr": LR * multipliers[step],
+            }
+        )
     return steps, {n: p.detach() for n, p in model.named_parameters()}
 
 
-def _check(root: Path, save: str, result: dict[str, Any]) -> None:
-    expected_steps, expected_weights = reference(root, result["head"])
+def _check(root: Path, save: str, result: dict[str, Any], settings: dict[str, Any]) -> None:
+    expected_steps, expected_weights = reference(root, result["head"], settings)
     records = [r for r in read_metrics(root / save / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     for record, expected in zip(records, expected_steps, strict=True):
         assert record["train/loss"] == pytest.approx(expected["train/loss"], rel=1e-5)
         assert record["train/grad_norm"] == pytest.approx(expected["train/grad_norm"], rel=1e-4)
+        assert record["train/lr"] == pytest.approx(expected["train/lr"], rel=1e-9)
     exported = AutoModelForSequenceClassification.from_pretrained(root / save / "hf_model")
     assert exported.config.num_labels == 1
     assert exported.config.pad_token_id is not None
@@ -143,18 +164,18 @@ class TestRewardModelTrainingWorld1(DistributedSuite):
 
     def test_fsdp2_matches_plain_pytorch(self, pool: RankPool, tmp_path: Path) -> None:
         root = pool.shared_dir / tmp_path.name
-        (result,) = pool.run(train, root, "fsdp2", None)
+        (result,) = pool.run(train, root, "fsdp2", None, SCHEDULED)
         assert result["backend"] == "FSDP2TrainableModel"
-        _check(root, "fsdp2", result)
+        _check(root, "fsdp2", result, SCHEDULED)
 
     @pytest.mark.skipif(
         not HAS_DEEPSPEED, reason="deepspeed is not installed: pip install 'lrft[deepspeed]'"
     )
     def test_zero2_matches_plain_pytorch(self, pool: RankPool, tmp_path: Path) -> None:
         root = pool.shared_dir / tmp_path.name
-        (result,) = pool.run(train, root, "zero2", 2)
+        (result,) = pool.run(train, root, "zero2", 2, {})
         assert result["backend"] == "DeepSpeedTrainableModel"
-        _check(root, "zero2", result)
+        _check(root, "zero2", result, {})
 
 
 class TestRewardModelTrainingWorld2(DistributedSuite):
@@ -162,14 +183,14 @@ class TestRewardModelTrainingWorld2(DistributedSuite):
 
     def test_fsdp2_matches_plain_pytorch(self, pool: RankPool, tmp_path: Path) -> None:
         root = pool.shared_dir / tmp_path.name
-        results = pool.run(train, root, "fsdp2", None)
-        _check(root, "fsdp2", results[0])
+        results = pool.run(train, root, "fsdp2", None, {})
+        _check(root, "fsdp2", results[0], {})
 
     @pytest.mark.skipif(
         not HAS_DEEPSPEED, reason="deepspeed is not installed: pip install 'lrft[deepspeed]'"
     )
     def test_zero3_matches_plain_pytorch(self, pool: RankPool, tmp_path: Path) -> None:
         root = pool.shared_dir / tmp_path.name
-        results = pool.run(train, root, "zero3", 3)
+        results = pool.run(train, root, "zero3", 3, SCHEDULED)
         assert results[0]["backend"] == "DeepSpeedTrainableModel"
-        _check(root, "zero3", results[0])
+        _check(root, "zero3", results[0], SCHEDULED)

@@ -9,6 +9,7 @@ import attrs
 
 from lrft.algo import AGGREGATION_MODES, kl_estimators, policy_losses
 from lrft.presets import PRESET_NAMES
+from lrft.rewards.judge_template import JUDGE_TEMPLATES
 from lrft.trainer.config import ENGINE_MAX_TP, HF_DECODE_PATHS, TrainConfig, supported_estimators
 
 
@@ -106,7 +107,41 @@ FLAGS: tuple[Flag, ...] = (
         name="reward_weights",
         kind=str,
         metavar="W[,W...]",
-        help="one weight per reward, in the order reward_fn, reward_pretrain..., remote_rm_url...; the score is the weighted sum (default: all 1)",
+        help="one weight per reward, in the order reward_fn, reward_pretrain..., grm_pretrain..., remote_rm_url...; the score is the weighted sum (default: all 1)",
+    ),
+    Flag(
+        name="grm_pretrain",
+        kind=str,
+        metavar="PATH[,PATH...]",
+        help="generative reward models: causal-LM judges, each served by an hf engine asleep outside its call; "
+        "the verdict parsed by --grm_template is the score",
+    ),
+    Flag(
+        name="grm_template",
+        kind=str,
+        metavar="NAME|FILE",
+        help=f"the judges' prompt and verdict form: {', '.join(JUDGE_TEMPLATES)} (default pointwise-boxed) or a JSON/YAML file (docs/reward-models.md)",
+    ),
+    Flag(
+        name="grm_max_new_tokens",
+        kind=int,
+        help="tokens a judge may write per verdict (default 64; needs --grm_pretrain)",
+    ),
+    Flag(
+        name="grm_apply_chat_template",
+        kind=bool,
+        help="wrap judge prompts in the judge tokenizer's chat template",
+    ),
+    Flag(
+        name="grm_unparsable_score",
+        kind=float,
+        help="the score of a verdict the template cannot read, counted as reward/<judge>/unparsable (default: the template's)",
+    ),
+    Flag(
+        name="reward_recipes",
+        kind=str,
+        metavar="FILE",
+        help="JSON/YAML mapping each data label (--label_key) to {reward name: weight}: per-label weighted sums instead of --reward_weights",
     ),
     Flag(name="n_samples_per_prompt", kind=int, help="responses sampled per prompt (a group)"),
     Flag(name="rollout_batch_size", kind=int, help="prompts per iteration, over all ranks"),

@@ -75,14 +75,14 @@ def check_reward_settings(config: TrainConfig) -> None:
     if config.pretrain is not None and config.preset is None and config.reward_count == 0:
         raise ConfigError(
             "pretrain needs a reward: reward_fn (math, or module:function), "
-            "reward_pretrain or remote_rm_url"
+            "reward_pretrain, grm_pretrain or remote_rm_url"
         )
     if config.reward_fn not in (None, "math") and ":" not in str(config.reward_fn):
         raise ConfigError(f"reward_fn {config.reward_fn!r} must be 'math' or 'module:function'")
     if config.pretrain is None and config.preset is None and config.reward_count:
         raise ConfigError(
-            "the built-in demo brings its own reward; reward_fn, reward_pretrain and "
-            "remote_rm_url need --pretrain or --preset"
+            "the built-in demo brings its own reward; reward_fn, reward_pretrain, grm_pretrain "
+            "and remote_rm_url need --pretrain or --preset"
         )
     if not config.remote_rm_url:
         for name in ("remote_rm_timeout_s", "remote_rm_max_attempts"):
@@ -91,13 +91,46 @@ def check_reward_settings(config: TrainConfig) -> None:
     if config.reward_weights is not None and len(config.reward_weights) != config.reward_count:
         raise ConfigError(
             f"reward_weights has {len(config.reward_weights)} entries for {config.reward_count} "
-            f"rewards (reward_fn, then each reward_pretrain, then each remote_rm_url): give "
-            f"one weight per reward"
+            f"rewards (reward_fn, then each reward_pretrain, each grm_pretrain, each "
+            f"remote_rm_url): give one weight per reward"
         )
+    check_judge_settings(config)
     if config.cache_dir is not None and config.preset is None:
         raise ConfigError(
             f"cache_dir {config.cache_dir!r} is where presets keep converted models; "
             "it needs --preset"
+        )
+
+
+GRM_SETTINGS = (
+    "grm_template",
+    "grm_max_new_tokens",
+    "grm_apply_chat_template",
+    "grm_unparsable_score",
+)
+"""The fields that configure the generative reward models; each needs ``grm_pretrain``."""
+
+
+def check_judge_settings(config: TrainConfig) -> None:
+    """The judges' settings have judges to apply to, their template is valid and has the
+    reference it shows, and per-label recipes replace the weights."""
+    from lrft.rewards.judge_template import load_judge_template
+
+    if not config.grm_pretrain:
+        for name in GRM_SETTINGS:
+            if getattr(config, name) != _default(config, name):
+                raise ConfigError(f"{name} applies to grm_pretrain, which is not set")
+    else:
+        template = load_judge_template(config.grm_template)
+        if template.needs_reference and config.reference_key is None:
+            raise ConfigError(
+                f"grm_template {config.grm_template!r} shows the judge the reference answer: "
+                "set --reference_key"
+            )
+    if config.reward_recipes is not None and config.reward_weights is not None:
+        raise ConfigError(
+            "reward_recipes gives each label its own weights; reward_weights one set for all: "
+            "choose one"
         )
 
 

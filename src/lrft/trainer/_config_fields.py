@@ -54,6 +54,14 @@ optional_unit_interval = optional(_unit_interval)
 optional_fraction = optional(_fraction)
 
 
+def _finite(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not _is_number(value) or not math.isfinite(value):
+        raise ConfigError(f"{attribute.name} must be a finite number, got {value!r}")
+
+
+optional_finite = optional(_finite)
+
+
 def token_ratio(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if not _is_number(value) or not 0.0 <= value < 1.0:
         raise ConfigError(
@@ -172,6 +180,10 @@ def reward_paths(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, 
 
 def reward_urls(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
     return _items(value, "remote_rm_url")
+
+
+def grm_paths(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    return _items(value, "grm_pretrain")
 
 
 def weights(value: str | list[float] | tuple[float, ...] | None) -> tuple[float, ...] | None:

@@ -116,8 +116,22 @@ class TrainConfig:
     remote_rm_timeout_s: float = attrs.field(default=30.0, validator=f.positive_float)
     remote_rm_max_attempts: int = attrs.field(default=3, validator=f.positive)
     reward_weights: tuple[float, ...] | None = attrs.field(default=None, converter=f.weights)
-    """One weight per reward, in the order reward_fn, reward_pretrain..., remote_rm_url...; the
-    score is their weighted sum. Unset: every weight 1."""
+    """One weight per reward, in the order reward_fn, reward_pretrain..., grm_pretrain...,
+    remote_rm_url...; the score is their weighted sum. Unset: every weight 1."""
+    grm_pretrain: tuple[str, ...] = attrs.field(default=(), converter=f.grm_paths)
+    """Generative reward models (causal-LM judges), each served by its own hf engine that sleeps
+    outside its call; the parsed verdict is the score (:mod:`lrft.rewards.generative`)."""
+    grm_template: str = "pointwise-boxed"
+    """The judges' template: a built-in name or a JSON/YAML file
+    (:mod:`lrft.rewards.judge_template`)."""
+    grm_max_new_tokens: int = attrs.field(default=64, validator=f.positive)
+    grm_apply_chat_template: bool = False
+    """Wrap each judge prompt in the judge tokenizer's chat template."""
+    grm_unparsable_score: float | None = attrs.field(default=None, validator=f.optional_finite)
+    """The score of a verdict the template cannot read; unset: the template's."""
+    reward_recipes: str | None = None
+    """A JSON/YAML file mapping each data label to ``{reward name: weight}``: per-label weighted
+    sums instead of ``reward_weights`` (:mod:`lrft.trainer.recipes`)."""
     # rollout ---------------------------------------------------------------------------------
     n_samples_per_prompt: int = attrs.field(default=8, validator=f.positive)
     rollout_batch_size: int = attrs.field(default=32, validator=f.positive)
@@ -281,8 +295,14 @@ class TrainConfig:
 
     @property
     def reward_count(self) -> int:
-        """How many rewards are combined: reward_fn, each reward model, each remote service."""
-        return (self.reward_fn is not None) + len(self.reward_pretrain) + len(self.remote_rm_url)
+        """How many rewards are combined: reward_fn, each reward model, each judge, each remote
+        service."""
+        return (
+            (self.reward_fn is not None)
+            + len(self.reward_pretrain)
+            + len(self.grm_pretrain)
+            + len(self.remote_rm_url)
+        )
 
     def validate_world(self, world_size: int) -> None:
         """The rules that depend on the number of ranks; raises ``ConfigError`` naming each."""
