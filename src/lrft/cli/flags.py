@@ -103,6 +103,14 @@ FLAGS: tuple[Flag, ...] = (
         help="tries per batch when a reward service times out or answers 408, 429 or 5xx (default 3; needs --remote_rm_url)",
     ),
     Flag(
+        name="remote_rm_auth_env",
+        kind=str,
+        metavar="NAME[,NAME...]",
+        help="environment variables, one per --remote_rm_url, whose values go to that service as "
+        "'Authorization: Bearer <value>' (an empty entry: no header); the token itself is never "
+        "given on the command line, saved or logged",
+    ),
+    Flag(
         name="reward_weights",
         kind=str,
         metavar="W[,W...]",

@@ -38,6 +38,7 @@ from lrft.api.redaction import REDACTED, is_secret_name, redact
 from lrft.api.validators import finite, non_negative, positive
 from lrft.rewards._checks import name_validator
 from lrft.rewards.base import RewardError, RewardOutput, RewardSample
+from lrft.rewards.retry import DEFAULT_BACKOFF_S, DEFAULT_MAX_BACKOFF_S, retry_backoff_s
 
 logger = logging.getLogger(__name__)
 
@@ -137,8 +138,10 @@ class RemoteReward:
     url: str = attrs.field(validator=_check_url, repr=_url_repr)
     timeout_s: float = attrs.field(default=30.0, validator=[finite, positive])
     max_attempts: int = attrs.field(default=3, validator=positive)
-    backoff_s: float = attrs.field(default=0.5, validator=[finite, non_negative])
-    max_backoff_s: float = attrs.field(default=8.0, validator=[finite, non_negative])
+    backoff_s: float = attrs.field(default=DEFAULT_BACKOFF_S, validator=[finite, non_negative])
+    max_backoff_s: float = attrs.field(
+        default=DEFAULT_MAX_BACKOFF_S, validator=[finite, non_negative]
+    )
     headers: Mapping[str, str] = attrs.field(factory=dict, converter=_headers, repr=_headers_repr)
     trust_env: bool = True
     name: str = attrs.field(default="remote", validator=name_validator)
@@ -162,7 +165,7 @@ class RemoteReward:
 
     def backoff(self, failed_attempts: int) -> float:
         """Seconds to wait after ``failed_attempts`` failed tries before the next one."""
-        return min(self.max_backoff_s, self.backoff_s * 2.0 ** (failed_attempts - 1))
+        return retry_backoff_s(failed_attempts, self.backoff_s, self.max_backoff_s)
 
     @property
     def secrets(self) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from lrft.api.errors import ConfigError
+from lrft.api.redaction import redact
 
 if TYPE_CHECKING:
     from wandb.sdk.wandb_run import Run
@@ -54,7 +55,8 @@ class WandbSettings:
 
 
 class WandbMetrics:
-    """One W&B run: ``config`` as the run's config, each metric logged at its step.
+    """One W&B run: ``config`` as the run's config (URL credentials hidden by
+    :func:`lrft.api.redaction.redact`), each metric logged at its step.
 
     The run id is chosen at construction; :meth:`continue_run` replaces it with the id a
     checkpoint recorded, so a resumed job appends to the same run instead of starting a new
@@ -67,7 +69,7 @@ class WandbMetrics:
         if not wandb_available():
             raise ImportError(f"W&B logging needs the wandb package: {WANDB_EXTRA}")
         self.settings = settings
-        self.config = dict(config)
+        self.config = redact(dict(config))
         self.run_id = new_run_id()
         self._run: Run | None = None
 
