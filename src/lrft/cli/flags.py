@@ -423,7 +423,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         name="collective_timeout_s",
         kind=float,
-        help="seconds a rank waits on a collective before failing",
+        help="seconds a rank waits at a collective for the slowest rank before it fails, naming its "
+        "phase, step and the other ranks' (exit code 3; default 600: longer than a rank's longest "
+        "solo stretch, such as generation skew, reward-service retries, a first compile); a "
+        "silent (stopped or dead) rank is reported after half of it, at most 60 s",
     ),
 )
 

@@ -263,6 +263,11 @@ class TrainConfig:
     save_trajectories_steps: int | None = attrs.field(default=None, validator=f.optional_positive)
     """With ``save_trajectories``: only every N iterations (unset: every iteration)."""
     collective_timeout_s: float = attrs.field(default=600.0, validator=f.positive_float)
+    """How long a rank waits at a collective for the slowest rank before it fails with a
+    ``CollectiveTimeout`` naming its phase, its step and the other ranks' (exit code 3). It bounds
+    what one rank may do while the others wait: a longer generation, a reward service's retries
+    (checked), a first compile, the rank that writes the export. A stopped or dead rank is
+    reported after half of it (60 s at most), see :mod:`lrft.dist.watchdog`."""
 
     def __attrs_post_init__(self) -> None:
         # The order decides which error a config with several faults reports.
