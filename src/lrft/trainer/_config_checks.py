@@ -7,6 +7,7 @@ number of ranks is known. Each error names the values and the rule.
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import TYPE_CHECKING
 
 import attrs
@@ -14,6 +15,7 @@ import torch
 
 from lrft.algo import PolicyLossInputs, advantage_estimators, policy_losses
 from lrft.api.errors import ConfigError
+from lrft.api.redaction import redact
 from lrft.rewards.retry import retry_backoff_s
 from lrft.trainer.wandb_metrics import WANDB_EXTRA, wandb_available
 
@@ -91,6 +93,13 @@ def check_reward_settings(config: TrainConfig) -> None:
             "order (an empty entry sends that service no header), so no token goes to a "
             "service it was not meant for"
         )
+    for url, variable in zip(config.remote_rm_url, config.remote_rm_auth_env, strict=False):
+        if variable and urllib.parse.urlsplit(url).username is not None:
+            raise ConfigError(
+                f"remote_rm_url entry {redact(url)!r} has credentials in it (user:password@) "
+                f"and remote_rm_auth_env names {variable} for it: both would set its "
+                "Authorization header; give one"
+            )
     _check_remote_wait(config)
     if config.reward_weights is not None and len(config.reward_weights) != config.reward_count:
         raise ConfigError(

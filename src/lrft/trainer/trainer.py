@@ -16,6 +16,7 @@ import lrft
 from lrft.algo import RunningMoments
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, WeightSync
+from lrft.api.redaction import redact
 from lrft.api.types import ModelPart
 from lrft.data import DistributedPromptSampler, PromptDataset, eval_indices
 from lrft.dist import PhaseWatch, mean_over_ranks, sum_over_ranks
@@ -317,7 +318,7 @@ class RLTrainer:
         manifest: dict[str, Any] = {
             "consumed_samples": self.sampler.total_consumed_samples,
             "sampler": self.sampler.state_dict(),
-            "config": self.config.as_dict(),
+            "config": redact(self.config.as_dict()),
             "lrft_version": lrft.__version__,
             "reward_moments": attrs.asdict(self.maker.reward_moments),
             "data_fingerprint": self.train_data.fingerprint,

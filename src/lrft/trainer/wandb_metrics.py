@@ -12,7 +12,9 @@ import importlib.util
 import os
 import secrets
 import string
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +54,18 @@ class WandbSettings:
     entity: str | None = None
     group: str | None = None
     name: str | None = None
+
+
+@contextmanager
+def _redacted_argv() -> Iterator[None]:
+    """``sys.argv`` with URL credentials hidden for the block: wandb (0.31) records the command
+    line (``sys.argv[1:]``) in the run's metadata when the run starts."""
+    original = sys.argv
+    sys.argv = redact(list(original))
+    try:
+        yield
+    finally:
+        sys.argv = original
 
 
 class WandbMetrics:
@@ -95,16 +109,17 @@ class WandbMetrics:
             self.settings.directory.mkdir(parents=True, exist_ok=True)
             directory = str(self.settings.directory)
         try:
-            self._run = wandb.init(
-                project=self.settings.project,
-                entity=self.settings.entity,
-                group=self.settings.group,
-                name=self.settings.name,
-                id=self.run_id,
-                resume="allow",
-                config=self.config,
-                dir=directory,
-            )
+            with _redacted_argv():
+                self._run = wandb.init(
+                    project=self.settings.project,
+                    entity=self.settings.entity,
+                    group=self.settings.group,
+                    name=self.settings.name,
+                    id=self.run_id,
+                    resume="allow",
+                    config=self.config,
+                    dir=directory,
+                )
         except wandb.errors.Error as error:
             # Typically no credentials: say how to give them, not only what wandb missed.
             raise ConfigError(

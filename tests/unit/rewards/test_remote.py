@@ -22,12 +22,13 @@ Reply = tuple[int, Any]  # (status, JSON body); a body of type bytes is sent as 
 
 class ScriptedServer:
     """Answers the n-th POST with ``script(n, request_body)``; records every request (its
-    body, and its headers with lower-case names)."""
+    body, its path and its headers with lower-case names)."""
 
     def __init__(self, script: Callable[[int, dict[str, Any]], Reply]) -> None:
         self.script = script
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.paths: list[str] = []
         self.times: list[float] = []
         self.release = threading.Event()  # lets slow handlers finish at teardown
         server = self
@@ -37,6 +38,7 @@ class ScriptedServer:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 server.times.append(time.monotonic())
                 server.headers.append({k.lower(): v for k, v in self.headers.items()})
+                server.paths.append(self.path)
                 server.requests.append(body)
                 status, reply = server.script(len(server.requests), body)
                 data = reply if isinstance(reply, bytes) else json.dumps(reply).encode()

@@ -179,8 +179,16 @@ def test_auth_variables_are_named_never_their_values(
             r"entry 'Bearer abc' is not an environment variable name .* never the token",
         ),
         ({"remote_rm_url": URL, "remote_rm_auth_env": ","}, r"names no variable"),
+        (
+            {"remote_rm_url": "http://u:pw@h/x", "remote_rm_auth_env": "TOKEN"},
+            r"entry 'http://\*\*\*@h/x' has credentials in it .* both would set its Authoriz",
+        ),
+        (
+            {"remote_rm_url": URL, "remote_rm_timeout_s": 100.0, "collective_timeout_s": 300.0},
+            r"collective_timeout_s 300 must exceed the 301.5 s that 1 reward service\(s\) may",
+        ),
     ],
 )
-def test_auth_variable_rules(changes: dict[str, str], message: str) -> None:
+def test_auth_variable_and_wait_rules(changes: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         TrainConfig(pretrain="m", prompt_data="p", reward_fn="math", **changes)  # type: ignore[arg-type]
