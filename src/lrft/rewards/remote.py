@@ -15,9 +15,10 @@ before the answer that scored the sample. Anything else (another status that is 
 redirects included, or a body that is not the format above) fails at once: sending the same
 request again would get the same answer.
 
-Credentials never reach a log or an error: URLs are shown through :func:`lrft.api.redaction.redact`
-(userinfo and token-like query parameters hidden), and the values of credential headers
-(``Authorization``, ``X-Api-Key``...) are hidden from any text the service or httpx sends back.
+Credentials never reach a log or an error: URLs are shown through
+:func:`lrft.api.redaction.redact` (userinfo and token-like query parameters hidden), and the
+values of credential headers (``Authorization``, ``X-Api-Key``...) are hidden from any text the
+service or httpx sends back.
 """
 
 from __future__ import annotations
@@ -182,9 +183,6 @@ class RemoteReward:
             found += [v for k, v in urllib.parse.parse_qsl(text) if is_secret_name(k) and v]
         return tuple(found)
 
-    def _hide(self, text: str) -> str:
-        return redact(text, secrets=self.secrets)
-
     def close(self) -> None:
         self._client.close()
 
@@ -246,7 +244,7 @@ class RemoteReward:
         tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
         return RewardError(
             reward=self.name,
-            detail=self._hide(f"POST {self.url} failed after {tries}: {detail}"),
+            detail=redact(f"POST {self.url} failed after {tries}: {detail}", secrets=self.secrets),
         )
 
     def _encode(self, samples: Sequence[RewardSample]) -> bytes:

@@ -1,5 +1,5 @@
 """The checks of :class:`lrft.trainer.config.TrainConfig` that read this machine: model folders,
-prompt files, and the environment variables that hold reward-service credentials.
+prompt and DeepSpeed files, and the environment variables that hold reward-service credentials.
 
 :meth:`TrainConfig.validate_inputs` runs them; ``lrft train`` calls it on every rank before any
 process group starts (and ``build_trainer`` again, after a preset or the demo filled in its
@@ -94,12 +94,12 @@ def check_model_folder(flag: str, path: str, *, tokenizer: bool) -> None:
         )
 
 
-def _check_data(flag: str, path: str | None) -> None:
+def _check_exists(flag: str, path: str | None, what: str) -> None:
     if path is not None and not Path(path).exists():
-        raise ConfigError(
-            f"--{flag} {path!r}: no such file or folder (prompt data is read from local "
-            "JSONL, JSON or Parquet files or a datasets folder)"
-        )
+        raise ConfigError(f"--{flag} {path!r}: no such file or folder ({what})")
+
+
+_DATA = "prompt data is read from local JSONL, JSON or Parquet files or a datasets folder"
 
 
 def check_auth_variables(config: TrainConfig) -> None:
@@ -131,6 +131,7 @@ def validate_inputs(config: TrainConfig) -> None:
     if config.critic_pretrain is not None:
         # The critic is scored on the actor's tokens: it needs no tokenizer of its own.
         check_model_folder("critic_pretrain", config.critic_pretrain, tokenizer=False)
-    _check_data("prompt_data", config.prompt_data)
-    _check_data("eval_dataset", config.eval_dataset)
+    _check_exists("prompt_data", config.prompt_data, _DATA)
+    _check_exists("eval_dataset", config.eval_dataset, _DATA)
+    _check_exists("deepspeed_config", config.deepspeed_config, "a DeepSpeed JSON file")
     check_auth_variables(config)

@@ -297,8 +297,8 @@ class TrainConfig:
     def validate_inputs(self) -> None:
         """The rules that read this machine: every model folder (``pretrain``,
         ``reward_pretrain``, ``critic_pretrain``) has a config, weights and (but the critic's)
-        tokenizer files, the prompt files exist, and the ``remote_rm_auth_env`` variables are
-        set. Raises ``ConfigError`` naming the flag, the path and what is missing."""
+        tokenizer files, the prompt files and ``deepspeed_config`` exist, and the
+        ``remote_rm_auth_env`` variables are set. Raises ``ConfigError`` naming the flag, the path and what is missing."""
         validate_inputs(self)
 
     def engine_memory_share(

@@ -120,6 +120,10 @@ def test_every_model_flag_is_checked_and_the_critic_needs_no_tokenizer(
         ),
         ({"prompt_data": str(tmp_path / "p.jsonl")}, r"--prompt_data '.*p.jsonl': no such file"),
         ({"eval_dataset": str(tmp_path / "e.jsonl")}, r"--eval_dataset '.*e.jsonl': no such"),
+        (
+            {"zero_stage": 2, "deepspeed_config": str(tmp_path / "ds.json")},
+            r"--deepspeed_config '.*ds.json': no such file or folder \(a DeepSpeed JSON file\)",
+        ),
     ]
     for changes, message in cases:
         with pytest.raises(ConfigError, match=message):
