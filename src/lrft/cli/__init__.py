@@ -2,8 +2,8 @@
 
 Every flag maps to one :class:`~lrft.trainer.TrainConfig` field of the same name; ``--config``
 reads a JSON or YAML file of the same keys (the command line wins). The config is built and
-validated (including the world-size rules, read from torchrun's environment) before any
-process group starts.
+validated (including the world-size rules, read from torchrun's environment, and the model
+folders, prompt files and credential variables it names) before any process group starts.
 """
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from lrft.api.errors import ConfigError, LrftError
+from lrft.api.errors import CollectiveTimeout, ConfigError, LrftError
+from lrft.api.redaction import redact
 from lrft.cli.bench import add_bench_parser, bench_main
 from lrft.cli.flags import FLAGS, Flag
 from lrft.trainer.config import TrainConfig
@@ -117,7 +119,32 @@ def _single_process_env() -> None:
         os.environ.setdefault(name, value)
 
 
+EXIT_CONFIG_ERROR = 2
+"""``lrft train``'s exit code for a configuration error (under torchrun, see :func:`main`)."""
+EXIT_COLLECTIVE_TIMEOUT = 3
+"""``lrft train``'s exit code when a collective timed out (a rank stalled or died)."""
+
+
+def _fail(line: str) -> None:
+    """Print ``line`` (secrets hidden) and hand it to torchrun for its failure summary."""
+    line = redact(line)
+    print(line, file=sys.stderr, flush=True)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")  # set by torchrun for each worker
+    if error_file:
+        # The format torchrun's error handler writes; its summary then shows this line as the
+        # root cause instead of "To enable traceback see: ...".
+        info = {"py_callstack": line, "timestamp": str(int(time.time()))}
+        Path(error_file).write_text(json.dumps({"message": {"message": line, "extraInfo": info}}))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """``lrft`` from the command line; returns the exit code.
+
+    A configuration error prints one line and returns 2; a collective timeout one line and 3;
+    any other failure prints a line and raises (exit code 1, with the traceback). torchrun itself
+    exits with 1 whenever a worker fails: the worker's own code is in its summary's ``Root Cause``
+    (``exitcode : 2``), with the line printed here as its ``traceback``.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         return bench_main(argv)
@@ -125,9 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = config_from_args(argv)
         config.validate_world(world_size_from_env())
+        config.validate_inputs()
     except ConfigError as error:
-        print(f"lrft: configuration error: {error}", file=sys.stderr)
-        return 2
+        _fail(f"lrft: configuration error: {error}")
+        return EXIT_CONFIG_ERROR
     _single_process_env()
     from lrft.trainer.build import build_trainer
 
@@ -135,14 +163,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         trainer = build_trainer(config)
         result = trainer.fit()
     except ConfigError as error:
-        print(f"lrft: rank {rank}: configuration error: {error}", file=sys.stderr, flush=True)
-        return 2
+        _fail(f"lrft: rank {rank}: configuration error: {error}")
+        return EXIT_CONFIG_ERROR
+    except CollectiveTimeout as error:
+        _fail(f"lrft: {error}")
+        return EXIT_COLLECTIVE_TIMEOUT
     except (LrftError, RuntimeError, OSError) as error:
-        print(
-            f"lrft: rank {rank} failed: {type(error).__name__}: {error}",
-            file=sys.stderr,
-            flush=True,
-        )
+        _fail(f"lrft: rank {rank} failed: {type(error).__name__}: {error}")
         raise
     if result.first_eval and result.last_eval and trainer.rank == 0:
         print(

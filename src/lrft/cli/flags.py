@@ -103,6 +103,14 @@ FLAGS: tuple[Flag, ...] = (
         help="tries per batch when a reward service times out or answers 408, 429 or 5xx (default 3; needs --remote_rm_url)",
     ),
     Flag(
+        name="remote_rm_auth_env",
+        kind=str,
+        metavar="NAME[,NAME...]",
+        help="environment variables, one per --remote_rm_url, whose values go to that service as "
+        "'Authorization: Bearer <value>' (an empty entry: no header); the token itself is never "
+        "given on the command line, saved or logged",
+    ),
+    Flag(
         name="reward_weights",
         kind=str,
         metavar="W[,W...]",
@@ -424,7 +432,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         name="collective_timeout_s",
         kind=float,
-        help="seconds a rank waits on a collective before failing",
+        help="seconds a rank waits at a collective for the slowest rank before it fails, naming its "
+        "phase, step and the other ranks' (exit code 3; default 600: longer than a rank's longest "
+        "solo stretch, such as generation skew, reward-service retries, a first compile); a "
+        "silent (stopped or dead) rank is reported after half of it, at most 60 s",
     ),
 )
 
