@@ -177,16 +177,10 @@ class EngineLifecycle:
         if self._closed:
             raise LrftError(f"the {self.backend} engine was shut down; build a new one")
 
-    def check_can_generate(self, requests: Sequence[GenerationRequest] = ()) -> None:
+    def check_can_generate(self, requests: Sequence[GenerationRequest]) -> None:
         """Refuse ``generate`` unless the engine is open, awake and fresh, and ``requests`` carry
         no inputs it cannot take (before any work)."""
         self.check_open()
-        if not self.capabilities.multimodal:
-            for request in requests:
-                if request.multimodal is not None:
-                    raise CapabilityNotSupported(
-                        self.backend, "multimodal", f"request {request.request_id!r} carries inputs"
-                    )
         asleep = []
         if self._weights is not WeightsResidency.RESIDENT:
             asleep.append(f"weights ({self._weights.value})")
@@ -202,6 +196,12 @@ class EngineLifecycle:
                 f"the {self.backend} engine's weights are stale (released at sleep level 2, an "
                 "update in progress, or a failed update): load a complete set of weights first"
             )
+        if not self.capabilities.multimodal:
+            for request in requests:
+                if request.multimodal is not None:
+                    raise CapabilityNotSupported(
+                        self.backend, "multimodal", f"request {request.request_id!r} carries inputs"
+                    )
 
     def check_weights_resident(self, action: str) -> None:
         self.check_open()
