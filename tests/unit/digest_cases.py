@@ -4,6 +4,8 @@ the direct sync's copy that fingerprints what it writes."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from lrft.kernels import ROW_WORDS as ROW_WORDS
@@ -59,3 +61,16 @@ def cases() -> dict[str, torch.Tensor]:
         "large_signed": random_words(300_000, 3, high=2**30),
         "large_positive": random_words(250_000, 4, low=0),
     }
+
+
+@functools.cache
+def case_sums() -> dict[str, tuple[int, int]]:
+    """:func:`reference_sums` of every case (computed once: a few seconds in Python)."""
+    return {name: reference_sums(tensor) for name, tensor in cases().items()}
+
+
+@functools.cache
+def case_digests() -> dict[str, str]:
+    """:func:`reference_digest` of every case."""
+    sums = case_sums()
+    return {name: reference_digest(tensor, sums[name]) for name, tensor in cases().items()}

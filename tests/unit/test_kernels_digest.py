@@ -8,22 +8,17 @@ import torch
 
 from lrft.api.digest import digest_sums, format_digests
 from lrft.kernels import DigestBuffer, DigestPlan, Replay, digest_sums_many
-from tests.unit.digest_cases import ROW_BYTES, cases, reference_digest, reference_sums
+from tests.unit.digest_cases import (
+    ROW_BYTES,
+    case_digests,
+    case_sums,
+    cases,
+    reference_digest,
+)
 
 
-@pytest.fixture(scope="module")
-def reference() -> dict[str, tuple[int, int]]:
-    return {name: reference_sums(tensor) for name, tensor in cases().items()}
-
-
-@pytest.fixture(scope="module")
-def expected(reference: dict[str, tuple[int, int]]) -> dict[str, str]:
-    return {name: reference_digest(t, reference[name]) for name, t in cases().items()}
-
-
-def test_staged_sums_equal_the_definition_and_the_plain_sums(
-    reference: dict[str, tuple[int, int]],
-) -> None:
+def test_staged_sums_equal_the_definition_and_the_plain_sums() -> None:
+    reference = case_sums()
     tensors = list(cases().values())
     staged = digest_sums_many(tensors)
     assert torch.equal(staged, digest_sums(tensors))
@@ -32,9 +27,8 @@ def test_staged_sums_equal_the_definition_and_the_plain_sums(
 
 
 @pytest.mark.parametrize("staging_bytes", [ROW_BYTES, 2 * ROW_BYTES, 3 * ROW_BYTES + 100])
-def test_tensors_split_across_staging_groups_digest_as_unsplit(
-    staging_bytes: int, reference: dict[str, tuple[int, int]]
-) -> None:
+def test_tensors_split_across_staging_groups_digest_as_unsplit(staging_bytes: int) -> None:
+    reference = case_sums()
     tensors = cases()
     unsplit = digest_sums_many(list(tensors.values()))
     split = digest_sums_many(list(tensors.values()), staging_bytes=staging_bytes)
@@ -43,7 +37,8 @@ def test_tensors_split_across_staging_groups_digest_as_unsplit(
         assert [s % 2**64 for s in sums] == [s % 2**64 for s in reference[name]], name
 
 
-def test_a_plan_sums_what_its_tensors_hold_now(expected: dict[str, str]) -> None:
+def test_a_plan_sums_what_its_tensors_hold_now() -> None:
+    expected = case_digests()
     tensors = cases()
     plan = DigestPlan(list(tensors.values()), staging_bytes=2 * ROW_BYTES)
     assert format_digests(list(tensors), list(tensors.values()), plan.sums()) == expected
@@ -70,7 +65,8 @@ def buffer_digests(buffer: DigestBuffer, names: list[str]) -> dict[str, str]:
     return format_digests(names, buffer.views, buffer.sums())
 
 
-def test_a_digest_buffer_digests_what_its_views_hold(expected: dict[str, str]) -> None:
+def test_a_digest_buffer_digests_what_its_views_hold() -> None:
+    expected = case_digests()
     tensors = cases()
     buffer = DigestBuffer([(tuple(t.shape), t.dtype) for t in tensors.values()], "cpu")
     base = buffer.views[0].data_ptr()
@@ -99,7 +95,8 @@ def digests_of_a_dirty_buffer(device: torch.device | str) -> dict[str, str]:
     return buffer_digests(buffer, list(tensors))
 
 
-def test_a_digest_buffer_ignores_the_bytes_between_its_views(expected: dict[str, str]) -> None:
+def test_a_digest_buffer_ignores_the_bytes_between_its_views() -> None:
+    expected = case_digests()
     assert digests_of_a_dirty_buffer("cpu") == expected
 
 
