@@ -23,6 +23,7 @@ from lrft.api.errors import ConfigError, LrftError
 from lrft.cli.bench import add_bench_parser, bench_main
 from lrft.cli.flags import FLAGS, Flag, FlagGroup, shown_default
 from lrft.trainer.config import TrainConfig
+from lrft.trainer.progress import library_bars_allowed, silence_library_bars
 
 _DECIMAL = r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|inf|infinity|nan"
 NEGATIVE_NUMBERS = re.compile(rf"^-({_DECIMAL})(,[-+]?({_DECIMAL}))*$", re.IGNORECASE)
@@ -144,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"lrft: configuration error: {error}", file=sys.stderr)
         return 2
     _single_process_env()
+    if not library_bars_allowed(rank=int(rank), requested=config.progress_bar, stream=sys.stderr):
+        silence_library_bars()  # before any model, dataset or engine is loaded
     from lrft.trainer.build import build_trainer
 
     try:

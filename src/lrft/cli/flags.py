@@ -599,7 +599,9 @@ FLAGS: tuple[Flag, ...] = (
         group=FlagGroup.OUTPUT,
         kind=bool,
         help="draw a progress bar on rank 0 when stdout is a terminal; "
-        "--no-progress_bar, or a non-terminal stdout, prints one line per step instead",
+        "--no-progress_bar, or a non-terminal stdout, prints one line per step instead. "
+        "Libraries' own bars (model loading, export, vLLM) appear only on rank 0, with this on "
+        "and stderr a terminal",
     ),
     Flag(
         name="save_trajectories",
