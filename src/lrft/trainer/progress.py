@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 from tqdm import tqdm
@@ -53,13 +53,13 @@ def library_bars_allowed(*, rank: int, requested: bool, stream: TextIO) -> bool:
     return rank == 0 and requested and is_terminal(stream)
 
 
-def silence_library_bars(environ: MutableMapping[str, str] = os.environ) -> None:
+def silence_library_bars() -> None:
     """Turn library progress bars off in this process and the processes it starts.
 
     The variables reach modules imported later and child processes; a Hugging Face library
     already imported has read them at import, so its own switch is flipped too.
     """
-    environ.update(QUIET_ENVIRONMENT)
+    os.environ.update(QUIET_ENVIRONMENT)
     _disable_imported_tqdm()
     if "huggingface_hub" in sys.modules:
         from huggingface_hub.utils.tqdm import disable_progress_bars
