@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -22,8 +23,16 @@ import attrs
 from lrft.api.errors import CollectiveTimeout, ConfigError, LrftError
 from lrft.api.redaction import redact
 from lrft.cli.bench import add_bench_parser, bench_main
-from lrft.cli.flags import FLAGS, Flag
+from lrft.cli.flags import FLAGS, Flag, FlagGroup, shown_default
 from lrft.trainer.config import TrainConfig
+from lrft.trainer.progress import library_bars_allowed, silence_library_bars
+
+_DECIMAL = r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|inf|infinity|nan"
+NEGATIVE_NUMBERS = re.compile(rf"^-({_DECIMAL})(,[-+]?({_DECIMAL}))*$", re.IGNORECASE)
+"""A negative number, exponent included, or a comma-separated list that starts with one
+(``--reward_weights -1,2``). argparse (3.11, 3.12) takes ``-1e-4`` for an option and refuses
+``--actor_learning_rate -1e-4`` with its own message; with this matcher the value parses and
+the config validator names the rule it breaks."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,34 +40,41 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
         "train",
+        usage="%(prog)s [-h] [--config FILE] [--FLAG VALUE ...]",
         help="RL fine-tuning under torchrun; with no --pretrain, the built-in demo",
         description="Colocated RL fine-tuning (fsdp2 trainer + hf engine + direct weight sync). "
-        "With no --pretrain it trains the built-in demo (a tiny model learning addition).",
+        "With no --pretrain it trains the built-in demo (a tiny model learning addition). "
+        "Each flag shows its default, and the demo's where the demo sets another.",
     )
+    train._negative_number_matcher = NEGATIVE_NUMBERS
     train.add_argument(
         "--config", type=Path, default=None, help="a JSON or YAML file of these same keys"
     )
+    sections = {group: train.add_argument_group(group.value) for group in FlagGroup}
     for flag in FLAGS:
-        _add(train, flag)
+        _add(sections[flag.group], flag)
     add_bench_parser(commands)  # listed in `lrft --help`; `lrft bench` is parsed by bench_main
     return parser
 
 
-def _add(parser: argparse.ArgumentParser, flag: Flag) -> None:
+def _add(section: argparse._ArgumentGroup, flag: Flag) -> None:
+    # The config supplies every default (the demo's and presets' among them), so argparse keeps
+    # none (SUPPRESS: an absent flag is absent from the namespace); the help shows them instead.
     name = f"--{flag.name}"
+    text = f"{flag.help} [{shown_default(flag)}]".replace("%", "%%")
     if flag.kind is bool:
-        parser.add_argument(
-            name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=flag.help
+        section.add_argument(
+            name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text
         )
         return
-    parser.add_argument(
+    section.add_argument(
         name,
         type=flag.kind,
         choices=flag.choices,
         default=argparse.SUPPRESS,
         metavar=flag.metavar,
         nargs=flag.nargs,
-        help=flag.help,
+        help=text,
     )
 
 
@@ -157,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(f"lrft: configuration error: {error}")
         return EXIT_CONFIG_ERROR
     _single_process_env()
+    if not library_bars_allowed(rank=int(rank), requested=config.progress_bar, stream=sys.stderr):
+        silence_library_bars()  # before any model, dataset or engine is loaded
     from lrft.trainer.build import build_trainer
 
     try:

@@ -49,6 +49,13 @@ def _fraction(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
         raise ConfigError(f"{attribute.name} must be in (0, 1], got {value!r}")
 
 
+def every_n_or_never(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not (value == -1 or value > 0):
+        raise ConfigError(
+            f"{attribute.name} must be a positive number of iterations or -1, got {value!r}"
+        )
+
+
 optional_positive = optional(positive)
 optional_non_negative = optional(non_negative)
 optional_positive_float = optional(positive_float)

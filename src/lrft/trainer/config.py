@@ -102,9 +102,9 @@ class TrainConfig:
     reference_key: str | None = None
     apply_chat_template: bool = False
     input_template: str | None = None
-    prompt_max_len: int | None = None
-    max_samples: int | None = None
-    eval_max_samples: int | None = None
+    prompt_max_len: int | None = attrs.field(default=None, validator=f.optional_positive)
+    max_samples: int | None = attrs.field(default=None, validator=f.optional_positive)
+    eval_max_samples: int | None = attrs.field(default=None, validator=f.optional_positive)
     reward_fn: str | None = None
     """``math`` (math-verify on ``reference_key``) or ``module:function``; demo: exact match."""
     reward_pretrain: tuple[str, ...] = attrs.field(default=(), converter=f.reward_paths)
@@ -228,7 +228,8 @@ class TrainConfig:
     # bookkeeping -----------------------------------------------------------------------------
     save_path: str = "./lrft_output"
     ckpt_path: str | None = None
-    save_steps: int = -1
+    save_steps: int = attrs.field(default=-1, validator=f.every_n_or_never)
+    """Checkpoint every N iterations; -1: never."""
     max_ckpt_num: int = attrs.field(default=3, validator=f.positive)
     load_checkpoint: bool = False
     """Resume from the newest complete checkpoint in ``checkpoint_dir``; its settings must
@@ -237,7 +238,8 @@ class TrainConfig:
     """Start a new run over another run's outputs in ``save_path`` and ``checkpoint_dir``,
     removing exactly those outputs first (:mod:`lrft.trainer.outputs`); without it such a run
     is refused."""
-    eval_steps: int = -1
+    eval_steps: int = attrs.field(default=-1, validator=f.every_n_or_never)
+    """Evaluate every N iterations; -1: at the start and the end only."""
     save_hf_model: bool = True
     use_tensorboard: bool = attrs.field(
         default=attrs.Factory(_tensorboard_default, takes_self=True)
