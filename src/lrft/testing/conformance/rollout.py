@@ -66,6 +66,7 @@ from lrft.testing.conformance._rollout_in_place_checks import (
 from lrft.testing.conformance._rollout_load_checks import (
     check_bad_batch_changes_nothing,
     check_load_other_weights,
+    check_load_tied_weights,
     check_outputs_follow_every_load,
     check_weight_update_stream,
 )
@@ -112,6 +113,7 @@ __all__ = [
     "check_level_outside_lrft",
     "check_lifecycle_state_machine",
     "check_load_other_weights",
+    "check_load_tied_weights",
     "check_max_new_tokens",
     "check_min_new_tokens",
     "check_multimodal_gated",
@@ -306,3 +308,10 @@ class RolloutEngineSuite(DistributedSuite, abc.ABC, Generic[E]):
 
     def test_shutdown(self, pool: RankPool, engine_models: EngineModels) -> None:
         self.run_check(pool, check_shutdown, engine_models)
+
+    # Last: it builds an engine of its own (the tied model), and an engine that allows one
+    # instance per process then has to rebuild the suite's cached one for any later test.
+    def test_tied_embeddings_follow_a_load(
+        self, pool: RankPool, engine_models: EngineModels
+    ) -> None:
+        self.run_check(pool, check_load_tied_weights, engine_models)
