@@ -214,14 +214,13 @@ class TestSyncSuiteTeethWorld1(DistributedSuite):
     def test_a_declared_verification_must_catch_corruption(
         self, pool: RankPool, model_dir: Path
     ) -> None:
+        suite = DeclaresVerificationItSkipsSuite()
         with pytest.raises(
             RankFailure,
             match=r"a verifying sync through CorruptInTransit \(Perturbs the first tensor of "
             r"every loaded batch, as a faulty transport would\) did not raise WeightSyncError",
         ):
-            DeclaresVerificationItSkipsSuite().test_corruption_in_transit_fails_and_leaves_engine_stale(
-                pool, model_dir
-            )
+            suite.test_corruption_in_transit_fails_and_leaves_engine_stale(pool, model_dir)
 
     def test_a_digest_of_something_else_fails(self, pool: RankPool, model_dir: Path) -> None:
         with pytest.raises(

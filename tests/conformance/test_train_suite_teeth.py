@@ -276,13 +276,13 @@ class TestTrainSuiteTeeth(DistributedSuite):
             ),
             (
                 _LinearForCosine,
-                r"step 2: StepReport\.lr is 0\.00075, the schedule says 0\.0008125\d* \(SchedulerConfig"
-                r"\(kind='cosine'",
+                r"step 2: StepReport\.lr is 0\.00075, the schedule says 0\.0008125\d* "
+                r"\(SchedulerConfig\(kind='cosine'",
             ),
             (
                 _IgnoresFloor,
-                r"step 2: StepReport\.lr is 0\.00066+\d*, the schedule says 0\.00075 \(SchedulerConfig"
-                r"\(kind='linear'",
+                r"step 2: StepReport\.lr is 0\.00066+\d*, the schedule says 0\.00075 "
+                r"\(SchedulerConfig\(kind='linear'",
             ),
             (
                 _AppliesAConstantRate,

@@ -232,7 +232,8 @@ def _assert_inside_truncation(
         rank, mass = int(above.sum()), float(row[above].exp().sum())
         where = (
             f"sampled with temperature {params.temperature}, top_k={params.top_k}, "
-            f"top_p={params.top_p}: token {token} at position {position} of {result.output_token_ids} "
+            f"top_p={params.top_p}: token {token} at position {position} of "
+            f"{result.output_token_ids} "
             f"(prompt {result.prompt_token_ids})"
         )
         assert rank < params.top_k, (

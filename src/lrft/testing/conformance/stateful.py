@@ -2,9 +2,9 @@
 
 Rules call ``generate``, ``sleep(level)``, ``wake(parts)`` and ``load_weights`` (complete or
 partial, of two weight sets), and for engines that load in place the same loads written through
-the storage their ``InPlaceWeightLoader`` lends, in any order; after every step the engine's state and
-``weights_digest`` are checked. A small reference model tracks what the
-contract says the engine must be after each step: where its weights are, whether its KV cache is
+the storage their ``InPlaceWeightLoader`` lends, in any order; after every step the engine's state
+and ``weights_digest`` are checked. A small reference model tracks what the contract says the
+engine must be after each step: where its weights are, whether its KV cache is
 resident, which weights it holds, its version, and whether it is stale. Every answer is compared
 with it: greedy tokens with the reference decode of the held weights (precomputed), digests with
 the digests of the held weights, errors with the errors the contract names. ``note()`` records
