@@ -78,7 +78,7 @@ class ServesFirstWeights(HFRolloutEngine):
     def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
     ) -> list[GenerationResult]:
-        self._lifecycle.check_can_generate()
+        self._lifecycle.check_can_generate(requests)
         return self._served.generate(requests, params)
 
     def shutdown(self) -> None:
