@@ -144,7 +144,7 @@ def test_an_api_config_gets_the_presets_reward_and_columns(
 
 
 def test_presets_log_to_tensorboard_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("lrft.trainer.config.tensorboard_available", lambda: True)
+    monkeypatch.setattr("lrft.trainer.config.fields.tensorboard_available", lambda: True)
     user_model = ["train", "--preset=smollm2", "--pretrain=m", "--prompt_data=p"]
     assert config_from_args(user_model).use_tensorboard is True
     assert config_from_args([*user_model, "--no-use_tensorboard"]).use_tensorboard is False
