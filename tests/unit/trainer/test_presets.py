@@ -13,11 +13,10 @@ import torch
 
 from lrft.api.errors import ConfigError
 from lrft.cli import config_from_args, main
-from lrft.presets import smollm2
-from lrft.presets.word_problems import problem_rows
 from lrft.trainer import presets
 from lrft.trainer.config import TrainConfig
-from lrft.trainer.presets import SMOLLM2_CPU, SMOLLM2_CUDA, SMOLLM2_TASK, preset_config
+from lrft.trainer.presets import SMOLLM2_CPU, SMOLLM2_CUDA, SMOLLM2_TASK, preset_config, smollm2
+from lrft.trainer.presets.word_problems import problem_rows
 
 
 def test_the_preset_settings_are_the_defaults() -> None:

@@ -4,7 +4,7 @@ process group starts.
 Read top-down, each module importing only those above it:
 
 - :mod:`~lrft.trainer.config.choices`: the names some settings choose among (engines, the hf
-  engine's decoding paths);
+  engine's decoding paths, presets);
 - :mod:`~lrft.trainer.config.validators`: each field's own rule;
 - :mod:`~lrft.trainer.config.fields`: every field, its default and its meaning
   (:class:`~lrft.trainer.config.fields.TrainFields`);
@@ -25,7 +25,7 @@ from lrft.trainer.config.checks import (
     value_based_estimators,
     vllm_available,
 )
-from lrft.trainer.config.choices import ENGINE_MAX_TP, HF_DECODE_PATHS, EngineType
+from lrft.trainer.config.choices import ENGINE_MAX_TP, HF_DECODE_PATHS, PRESET_NAMES, EngineType
 from lrft.trainer.config.train_config import (
     CPU_KV_CACHE_ENV,
     DEFAULT_CRITIC_LEARNING_RATE,
@@ -55,6 +55,7 @@ __all__ = [
     "DEFAULT_VALUE_CLIP",
     "ENGINE_MAX_TP",
     "HF_DECODE_PATHS",
+    "PRESET_NAMES",
     "VLLM_EXTRA",
     "WANDB_SETTINGS",
     "EngineType",

@@ -1,6 +1,6 @@
 """The names some settings of :class:`lrft.trainer.config.TrainConfig` choose among: the rollout
-engines and the hf engine's decoding paths. ``lrft train``'s flags offer the same choices
-(:mod:`lrft.cli.flags`)."""
+engines, the hf engine's decoding paths and the presets. ``lrft train``'s flags offer the same
+choices (:mod:`lrft.cli.flags`)."""
 
 from __future__ import annotations
 
@@ -12,3 +12,5 @@ ENGINE_MAX_TP: dict[str, int | None] = {"hf": 1, "vllm": None}
 ``None``: any size that divides the world size."""
 HF_DECODE_PATHS = ("auto", "generate", "static", "cuda_graph", "compiled")
 """The hf engine's decoding paths (``HFEngineConfig.decode``)."""
+PRESET_NAMES: tuple[str, ...] = ("smollm2",)
+"""The presets ``lrft train --preset`` offers; each is defined in :mod:`lrft.trainer.presets`."""

@@ -18,8 +18,7 @@ from lrft.algo import AGGREGATION_MODES, advantage_estimators, kl_estimators, po
 from lrft.api.errors import ConfigError
 from lrft.api.redaction import redact
 from lrft.api.validators import optional, positive_int
-from lrft.presets import PRESET_NAMES
-from lrft.trainer.config.choices import ENGINE_MAX_TP, HF_DECODE_PATHS
+from lrft.trainer.config.choices import ENGINE_MAX_TP, HF_DECODE_PATHS, PRESET_NAMES
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """What an environment variable's name may be (``remote_rm_auth_env`` holds names, not tokens)."""
