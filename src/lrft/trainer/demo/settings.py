@@ -1,8 +1,9 @@
-"""The built-in demo preset: ``lrft train`` with no ``--pretrain``.
+"""The demo as a training job: ``lrft train`` with no ``--pretrain``.
 
-Model, tokenizer and task come from :mod:`lrft.demo` (a tiny Qwen2 warm-started on addition,
-shipped as package data); this module writes the task's prompt files and fills in the settings
-the user left at their defaults.
+The settings the demo brings for whatever the user left at its default, and the config that
+trains the shipped model (:mod:`lrft.trainer.demo.model`) on the task's prompt files
+(:mod:`lrft.trainer.demo.task`, written here) with the exact-answer reward
+(:func:`lrft.trainer.demo.reward.exact_answer`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from pathlib import Path
 import attrs
 
 from lrft.api.errors import ConfigError
-from lrft.rewards import RewardSample
 from lrft.trainer.config import TrainConfig, value_based_estimators
+from lrft.trainer.demo.model import ASSETS_DIR
+from lrft.trainer.demo.task import INPUT_KEY, REFERENCE_KEY, AdditionTask, write_jsonl
 
 DEMO_REWARD = "lrft.trainer.demo:exact_answer"
+"""The demo's ``reward_fn``."""
 
 DEMO_SETTINGS: dict[str, object] = {
     "n_samples_per_prompt": 8,
@@ -50,18 +53,8 @@ def demo_settings(values: Mapping[str, object]) -> dict[str, object]:
     return dict(DEMO_SETTINGS)
 
 
-def exact_answer(sample: RewardSample) -> float:
-    """1 when the response states the reference integer exactly, else 0."""
-    from lrft.demo.task import is_correct
-
-    return float(sample.reference is not None and is_correct(sample.response, sample.reference))
-
-
 def demo_config(config: TrainConfig, rank: int) -> TrainConfig:
     """``config`` with the demo's model folder and prompt files (written here, per rank)."""
-    from lrft.demo.model import ASSETS_DIR
-    from lrft.demo.task import INPUT_KEY, REFERENCE_KEY, AdditionTask, write_jsonl
-
     if not (ASSETS_DIR / "config.json").is_file():
         raise ConfigError(
             f"the built-in demo model is missing from {ASSETS_DIR}; give --pretrain "

@@ -1,4 +1,5 @@
-"""The demo's rule reward, as an ``lrft.rewards.RewardFn``."""
+"""The demo's rule reward: :class:`AdditionReward` as an ``lrft.rewards.RewardFn``, and
+:func:`exact_answer`, the per-sample ``reward_fn`` that ``lrft train`` names for the demo."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import attrs
 
 from lrft.api import validators as v
 from lrft.api.errors import ConfigError
-from lrft.demo.task import extract_answer
 from lrft.rewards.base import RewardError, RewardOutput, RewardSample
+from lrft.trainer.demo.task import extract_answer, is_correct
 
 
 @attrs.frozen(kw_only=True)
@@ -50,3 +51,8 @@ class AdditionReward:
             for right, formed in zip(correct, well_formed, strict=True)
         ]
         return RewardOutput(scores=scores, metrics={"correct": correct, "well_formed": well_formed})
+
+
+def exact_answer(sample: RewardSample) -> float:
+    """1 when the response states the reference integer exactly, else 0."""
+    return float(sample.reference is not None and is_correct(sample.response, sample.reference))

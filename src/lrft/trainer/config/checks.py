@@ -2,25 +2,26 @@
 
 ``TrainConfig`` runs them at construction, in the order of its ``__attrs_post_init__`` (which
 decides the error a config with several faults reports); :func:`validate_world` runs once the
-number of ranks is known. Each error names the values and the rule.
+number of ranks is known. Each error names the values and the rule. They read the fields only
+(:class:`lrft.trainer.config.fields.TrainFields`); the one rule on a derived value, the policy
+loss's, is given that value.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import urllib.parse
-from typing import TYPE_CHECKING
 
 import attrs
 import torch
 
-from lrft.algo import PolicyLossInputs, advantage_estimators, policy_losses
+from lrft.algo import PolicyLossConfig, PolicyLossInputs, advantage_estimators, policy_losses
 from lrft.api.errors import ConfigError
 from lrft.api.redaction import redact
 from lrft.rewards.retry import retry_backoff_s
+from lrft.trainer.config.choices import ENGINE_MAX_TP
+from lrft.trainer.config.fields import TrainFields
 from lrft.trainer.wandb_metrics import WANDB_EXTRA, wandb_available
-
-if TYPE_CHECKING:
-    from lrft.trainer.config import TrainConfig
 
 CRITIC_SETTINGS = ("critic_pretrain", "critic_learning_rate", "value_clip")
 """The fields that configure the critic, which only value-based estimators (gae) train."""
@@ -33,6 +34,12 @@ ALGORITHM_SETTINGS = (
 """(setting, the switch it needs): each setting is read only when its switch is on."""
 WANDB_SETTINGS = ("wandb_project", "wandb_org", "wandb_group", "wandb_run_name")
 """The fields that say where the W&B run goes; each needs ``use_wandb``."""
+VLLM_EXTRA = "pip install 'lrft[vllm]'"
+
+
+def vllm_available() -> bool:
+    """Whether vllm is installed (looked up, not imported: importing vllm takes seconds)."""
+    return importlib.util.find_spec("vllm") is not None
 
 
 def supported_estimators() -> tuple[str, ...]:
@@ -45,11 +52,11 @@ def value_based_estimators() -> tuple[str, ...]:
     return tuple(s.name for s in advantage_estimators if s.needs_values)
 
 
-def _default(config: TrainConfig, name: str) -> object:
+def _default(config: TrainFields, name: str) -> object:
     return attrs.fields_dict(type(config))[name].default
 
 
-def check_run_settings(config: TrainConfig) -> None:
+def check_run_settings(config: TrainFields) -> None:
     """Token selection against repacking, ``top_p``, ``max_steps``, and the data a model needs."""
     if config.max_tokens_per_micro_batch is not None and config.high_entropy_token_ratio > 0:
         raise ConfigError(
@@ -73,7 +80,7 @@ def check_run_settings(config: TrainConfig) -> None:
         )
 
 
-def check_reward_settings(config: TrainConfig) -> None:
+def check_reward_settings(config: TrainFields) -> None:
     """A model brings a reward, the demo none; each reward setting has the reward it sizes."""
     if config.pretrain is not None and config.preset is None and config.reward_count == 0:
         raise ConfigError(
@@ -119,7 +126,7 @@ def check_reward_settings(config: TrainConfig) -> None:
         )
 
 
-def remote_wait_s(config: TrainConfig) -> float:
+def remote_wait_s(config: TrainFields) -> float:
     """How long the reward services keep a rank in the rewards phase when none answers: each
     tries ``remote_rm_max_attempts`` times, ``remote_rm_timeout_s`` each, with the client's
     backoff between tries; the services are called one after the other."""
@@ -128,7 +135,7 @@ def remote_wait_s(config: TrainConfig) -> float:
     return len(config.remote_rm_url) * (attempts * timeout + waits)
 
 
-def _check_remote_wait(config: TrainConfig) -> None:
+def _check_remote_wait(config: TrainFields) -> None:
     # The other ranks wait at the next collective while one rank retries its POSTs: a timeout
     # shorter than that would fail a job whose service is only slow.
     if config.remote_rm_url and config.collective_timeout_s <= remote_wait_s(config):
@@ -141,7 +148,7 @@ def _check_remote_wait(config: TrainConfig) -> None:
         )
 
 
-def check_training_settings(config: TrainConfig) -> None:
+def check_training_settings(config: TrainFields) -> None:
     """The KL loss, the training backend's options, and the batch sizes of one rollout."""
     if config.use_kl_loss and config.init_kl_coef == 0.0:
         raise ConfigError("use_kl_loss needs init_kl_coef > 0 (the KL term's coefficient)")
@@ -189,7 +196,7 @@ def check_training_settings(config: TrainConfig) -> None:
         )
 
 
-def check_estimator_settings(config: TrainConfig) -> None:
+def check_estimator_settings(config: TrainFields) -> None:
     """No setting the chosen estimator would ignore: critic settings need a critic, and
     ``gamma``/``lambd`` need an estimator that reads them."""
     spec = advantage_estimators.get(config.advantage_estimator)
@@ -210,7 +217,7 @@ def check_estimator_settings(config: TrainConfig) -> None:
             )
 
 
-def check_algorithm_settings(config: TrainConfig) -> None:
+def check_algorithm_settings(config: TrainFields) -> None:
     """No policy-loss or sampling setting that would be ignored or that the loss refuses."""
     for setting, switch in ALGORITHM_SETTINGS:
         if getattr(config, setting) is not None and not getattr(config, switch):
@@ -255,10 +262,11 @@ def check_algorithm_settings(config: TrainConfig) -> None:
             f"dynamic_sampling drops prompts whose responses all score the same, which needs "
             f"n_samples_per_prompt >= 2, got {config.n_samples_per_prompt}"
         )
-    _try_policy_loss(config)
 
 
-def _try_policy_loss(config: TrainConfig) -> None:
+def check_policy_loss(config: TrainFields, loss_config: PolicyLossConfig) -> None:
+    """``policy_loss_type`` accepts the settings ``loss_config`` gives it (derived from the
+    fields by :meth:`lrft.trainer.config.TrainConfig.policy_loss_config`)."""
     # A loss refuses the settings it does not read (a dual clip for gspo, say) only when it is
     # called; one call on a one-token batch moves that error here, before any process starts,
     # for losses registered by users as well.
@@ -272,12 +280,12 @@ def _try_policy_loss(config: TrainConfig) -> None:
     )
     loss = policy_losses.get(config.policy_loss_type).fn
     try:
-        loss(inputs, config.policy_loss_config())
+        loss(inputs, loss_config)
     except ConfigError as error:
         raise ConfigError(f"policy_loss_type {config.policy_loss_type!r}: {error}") from error
 
 
-def check_observability_settings(config: TrainConfig) -> None:
+def check_observability_settings(config: TrainFields) -> None:
     """W&B is installed when on, and neither W&B nor trajectory settings are set while off."""
     if config.use_wandb and not wandb_available():
         raise ConfigError(
@@ -297,7 +305,32 @@ def check_observability_settings(config: TrainConfig) -> None:
         )
 
 
-def validate_world(config: TrainConfig, world_size: int) -> None:
+def check_engine_settings(config: TrainFields) -> None:
+    """The engine can run at ``engine_tp_size``, is installed, and reads ``engine_mem_util``."""
+    max_tp = ENGINE_MAX_TP[config.engine_type]
+    if max_tp is not None and config.engine_tp_size > max_tp:
+        raise ConfigError(
+            f"engine_tp_size {config.engine_tp_size} exceeds engine {config.engine_type!r}'s "
+            f"maximum tensor-parallel size {max_tp}"
+        )
+    if config.engine_type == "vllm" and not vllm_available():
+        raise ConfigError(
+            f"engine_type 'vllm' needs the vllm package, which is not installed: {VLLM_EXTRA}"
+        )
+    if config.hf_decode != "auto" and config.engine_type != "hf":
+        raise ConfigError(
+            f"hf_decode {config.hf_decode!r} picks the hf engine's decoding path, but "
+            f"engine_type is {config.engine_type!r}: leave hf_decode at 'auto'"
+        )
+    if config.engine_mem_util is not None and config.engine_type != "vllm":
+        raise ConfigError(
+            f"engine_mem_util {config.engine_mem_util} sizes the memory the vllm engine reserves "
+            f"up front; engine {config.engine_type!r} reserves none (it allocates as it "
+            "generates): leave engine_mem_util unset or use engine_type vllm"
+        )
+
+
+def validate_world(config: TrainFields, world_size: int) -> None:
     """See :meth:`lrft.trainer.config.TrainConfig.validate_world`."""
     if world_size % config.engine_tp_size:
         raise ConfigError(

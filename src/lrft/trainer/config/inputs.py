@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from lrft.api.errors import ConfigError
-
-if TYPE_CHECKING:
-    from lrft.trainer.config import TrainConfig
+from lrft.trainer.config.fields import TrainFields
 
 MODEL_CONFIG = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -33,7 +29,6 @@ TOKENIZER_FILES = (
 )
 """Files one of which a tokenizer folder holds (fast, SentencePiece, BPE or WordPiece
 vocabularies); tiktoken vocabularies end in ``.tiktoken``."""
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 _MODEL_FOLDER = "a Hugging Face model folder (config.json, weights, tokenizer files)"
 
@@ -102,7 +97,7 @@ def _check_exists(flag: str, path: str | None, what: str) -> None:
 _DATA = "prompt data is read from local JSONL, JSON or Parquet files or a datasets folder"
 
 
-def check_auth_variables(config: TrainConfig) -> None:
+def check_auth_variables(config: TrainFields) -> None:
     """Each variable ``remote_rm_auth_env`` names is set, non-empty and one header line; the
     messages name the variable, never its value."""
     for name in config.remote_rm_auth_env:
@@ -122,7 +117,7 @@ def check_auth_variables(config: TrainConfig) -> None:
             )
 
 
-def validate_inputs(config: TrainConfig) -> None:
+def validate_inputs(config: TrainFields) -> None:
     """See :meth:`lrft.trainer.config.TrainConfig.validate_inputs`."""
     if config.pretrain is not None:
         check_model_folder("pretrain", config.pretrain, tokenizer=True)

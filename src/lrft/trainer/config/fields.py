@@ -1,90 +1,43 @@
-"""The trainer's settings: one frozen record, validated whole before any process group starts.
+"""Every setting of :class:`lrft.trainer.config.TrainConfig`: its name, default, own rule and
+meaning.
 
 Field names are LightRFT's flag names (``--rollout_batch_size`` is ``rollout_batch_size``), so a
-LightRFT command line or config file reads the same here. :func:`TrainConfig.validate_world`
-checks the rules that depend on the number of ranks, read from torchrun's environment before
-``init_process_group``; everything else is checked at construction. Errors name the value and
-the rule. The field validators live in :mod:`lrft.trainer._config_fields`, the rules across
-fields in :mod:`lrft.trainer._config_checks` and :mod:`lrft.trainer._config_engine`.
+LightRFT command line or config file reads the same here. Each field's own rule is checked as it
+is set (:mod:`lrft.trainer.config.validators`); the rules across fields
+(:mod:`lrft.trainer.config.checks`) run when a :class:`TrainConfig` is made, which is why
+:class:`TrainFields` is not made on its own.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import attrs
 
-from lrft.algo import AdvantageParams, AggregationMode, PolicyLossConfig, advantage_estimators
 from lrft.api.errors import ConfigError
-from lrft.trainer import _config_checks as checks
-from lrft.trainer import _config_fields as f
-from lrft.trainer._config_checks import (
-    ALGORITHM_SETTINGS,
-    CRITIC_SETTINGS,
-    WANDB_SETTINGS,
-    supported_estimators,
-    value_based_estimators,
-)
-from lrft.trainer._config_engine import (
-    CPU_KV_CACHE_ENV,
-    DEFAULT_ENGINE_MEM_UTIL,
-    ENGINE_MAX_TP,
-    HF_DECODE_PATHS,
-    VLLM_EXTRA,
-    EngineType,
-    check_engine_settings,
-    vllm_available,
-)
-from lrft.trainer._config_engine import engine_memory_share as _engine_memory_share
-from lrft.trainer._config_inputs import validate_inputs
+from lrft.trainer.config import validators as f
 from lrft.trainer.metrics import PLOTS_EXTRA, tensorboard_available
 
-__all__ = [
-    "ALGORITHM_SETTINGS",
-    "CPU_KV_CACHE_ENV",
-    "CRITIC_SETTINGS",
-    "DEFAULT_CRITIC_LEARNING_RATE",
-    "DEFAULT_ENGINE_MEM_UTIL",
-    "DEFAULT_FIRE_TEMPERATURE",
-    "DEFAULT_GAMMA",
-    "DEFAULT_LAMBD",
-    "DEFAULT_MAX_NUM_GEN_BATCHES",
-    "DEFAULT_OVERLONG_PENALTY_FACTOR",
-    "DEFAULT_TIS_CAP",
-    "DEFAULT_VALUE_CLIP",
-    "ENGINE_MAX_TP",
-    "HF_DECODE_PATHS",
-    "VLLM_EXTRA",
-    "WANDB_SETTINGS",
-    "EngineType",
-    "TrainConfig",
-    "supported_estimators",
-    "value_based_estimators",
-    "vllm_available",
-]
 
-DEFAULT_GAMMA = 1.0
-DEFAULT_LAMBD = 0.95
-DEFAULT_CRITIC_LEARNING_RATE = 9e-6
-DEFAULT_VALUE_CLIP = 0.2
-DEFAULT_TIS_CAP = 2.0
-DEFAULT_OVERLONG_PENALTY_FACTOR = 1.0
-DEFAULT_FIRE_TEMPERATURE = 10.0
-DEFAULT_MAX_NUM_GEN_BATCHES = 4
-
-
-def _tensorboard_default(config: TrainConfig) -> bool:
+def _tensorboard_default(config: TrainFields) -> bool:
     # The demo and the presets promise TensorBoard logs, but tensorboard is optional: on when it
     # is installed.
     built_in = config.pretrain is None or config.preset is not None
     return built_in and tensorboard_available()
 
 
+def _tensorboard_installed(_: object, attribute: attrs.Attribute[Any], value: bool) -> None:
+    # Checked here, next to the default that reads the same availability.
+    if value and not tensorboard_available():
+        raise ConfigError(
+            f"{attribute.name} needs the tensorboard package, which is not installed: {PLOTS_EXTRA}"
+        )
+
+
 @attrs.frozen(kw_only=True)
-class TrainConfig:
-    """Everything ``lrft train`` does; see ``lrft train --help`` for each field's meaning."""
+class TrainFields:
+    """The fields of :class:`lrft.trainer.config.TrainConfig`, each checked on its own; see
+    ``lrft train --help`` for each field's meaning."""
 
     # model and data ------------------------------------------------------------------------
     pretrain: str | None = None
@@ -138,8 +91,8 @@ class TrainConfig:
     engine_tp_size: int = attrs.field(default=1, validator=f.positive)
     engine_mem_util: float | None = attrs.field(default=None, validator=f.optional_fraction)
     """The vllm engine's share of this rank's device memory (vLLM ``gpu_memory_utilization``);
-    see :meth:`engine_memory_share`. Unset: 0.5 of a GPU; on CPU, 0.5 of the host split over
-    its ranks. Other engines reserve nothing up front and refuse it."""
+    see :meth:`TrainConfig.engine_memory_share`. Unset: 0.5 of a GPU; on CPU, 0.5 of the host
+    split over its ranks. Other engines reserve nothing up front and refuse it."""
     enable_engine_sleep: bool = False
     # training --------------------------------------------------------------------------------
     train_batch_size: int = attrs.field(default=128, validator=f.positive)
@@ -242,7 +195,8 @@ class TrainConfig:
     """Evaluate every N iterations; -1: at the start and the end only."""
     save_hf_model: bool = True
     use_tensorboard: bool = attrs.field(
-        default=attrs.Factory(_tensorboard_default, takes_self=True)
+        default=attrs.Factory(_tensorboard_default, takes_self=True),
+        validator=_tensorboard_installed,
     )
     """Also write the metrics as TensorBoard scalars under ``SAVE_PATH/tensorboard``.
 
@@ -277,132 +231,8 @@ class TrainConfig:
     (checked), a first compile, the rank that writes the export. A stopped or dead rank is
     reported after half of it (60 s at most), see :mod:`lrft.dist.watchdog`."""
 
-    def __attrs_post_init__(self) -> None:
-        # The order decides which error a config with several faults reports.
-        checks.check_run_settings(self)
-        checks.check_reward_settings(self)
-        checks.check_training_settings(self)
-        checks.check_estimator_settings(self)
-        checks.check_algorithm_settings(self)
-        # Checked here, next to the default that reads the same availability.
-        if self.use_tensorboard and not tensorboard_available():
-            raise ConfigError(
-                f"use_tensorboard needs the tensorboard package, which is not installed: "
-                f"{PLOTS_EXTRA}"
-            )
-        checks.check_observability_settings(self)
-        check_engine_settings(self)
-
     @property
     def reward_count(self) -> int:
         """How many rewards are combined: reward_fn, each reward model, each remote service."""
+        # Derived, yet here: the checks count the rewards.
         return (self.reward_fn is not None) + len(self.reward_pretrain) + len(self.remote_rm_url)
-
-    def validate_world(self, world_size: int) -> None:
-        """The rules that depend on the number of ranks; raises ``ConfigError`` naming each."""
-        checks.validate_world(self, world_size)
-
-    def validate_inputs(self) -> None:
-        """The rules that read this machine: every model folder (``pretrain``,
-        ``reward_pretrain``, ``critic_pretrain``) has a config, weights and (but the critic's)
-        tokenizer files, the prompt files and ``deepspeed_config`` exist, and the
-        ``remote_rm_auth_env`` variables are set. Raises ``ConfigError`` naming the flag, the path and what is missing."""
-        validate_inputs(self)
-
-    def engine_memory_share(
-        self, *, local_world_size: int, on_cuda: bool, environ: Mapping[str, str] = os.environ
-    ) -> float:
-        """The vllm engine's ``gpu_memory_utilization`` on this rank; raises ``ConfigError``.
-
-        CUDA: the share of this rank's GPU for the engine's weights, activations and KV cache.
-        CPU: vLLM 0.32's CPU worker reads the same setting as the share of the host's memory
-        (its NUMA node's) that its process may grow to, and gives the KV cache that share minus
-        what the process already holds, trainer included. The ranks of a host share that memory,
-        so ``engine_mem_util * local_world_size`` must be <= 1, and the unset default splits 0.5
-        over them. ``VLLM_CPU_KVCACHE_SPACE`` (GiB) replaces the share on CPU: with it set, an
-        ``engine_mem_util`` would be ignored and is refused.
-        """
-        return _engine_memory_share(
-            self, local_world_size=local_world_size, on_cuda=on_cuda, environ=environ
-        )
-
-    @property
-    def checkpoint_dir(self) -> str:
-        return self.ckpt_path if self.ckpt_path is not None else f"{self.save_path}/checkpoints"
-
-    @property
-    def samples_per_rollout(self) -> int:
-        return self.rollout_batch_size * self.n_samples_per_prompt
-
-    @property
-    def uses_critic(self) -> bool:
-        """Whether the estimator reads critic values, so that a critic is trained."""
-        return advantage_estimators.get(self.advantage_estimator).needs_values
-
-    @property
-    def advantage_params(self) -> AdvantageParams:
-        """The estimator's parameters, with the defaults for ``gamma`` and ``lambd`` when unset."""
-        return AdvantageParams(
-            gamma=DEFAULT_GAMMA if self.gamma is None else self.gamma,
-            lambd=DEFAULT_LAMBD if self.lambd is None else self.lambd,
-        )
-
-    @property
-    def critic_lr(self) -> float:
-        """``critic_learning_rate``, or its default when unset."""
-        rate = self.critic_learning_rate
-        return DEFAULT_CRITIC_LEARNING_RATE if rate is None else rate
-
-    @property
-    def value_clip_range(self) -> float | None:
-        """``value_clip`` (its default when unset), ``None`` when set to 0 (clipping off)."""
-        clip = DEFAULT_VALUE_CLIP if self.value_clip is None else self.value_clip
-        return clip if clip > 0 else None
-
-    def policy_loss_config(self) -> PolicyLossConfig:
-        """The settings of ``policy_loss_type`` from the flags (``generate_max_len`` is the
-        constant divisor of ``seq-mean-token-sum-norm``)."""
-        low, high = (None, None) if self.eps_clip_low_high is None else self.eps_clip_low_high
-        mode = cast("AggregationMode | None", self.loss_agg_mode)
-        return PolicyLossConfig(
-            eps_clip=self.eps_clip,
-            eps_clip_low=low,
-            eps_clip_high=high,
-            dual_clip=self.dual_clip,
-            aggregation=mode,
-            max_len=self.generate_max_len if mode == "seq-mean-token-sum-norm" else None,
-            tis_cap=self.truncated_is_cap,
-        )
-
-    @property
-    def truncated_is_cap(self) -> float | None:
-        """The importance-weight cap in force: ``tis_cap`` (2 when unset); ``None`` without TIS."""
-        if not self.use_tis:
-            return None
-        return DEFAULT_TIS_CAP if self.tis_cap is None else self.tis_cap
-
-    @property
-    def overlong_factor(self) -> float:
-        """``overlong_penalty_factor``, or its default when unset."""
-        factor = self.overlong_penalty_factor
-        return DEFAULT_OVERLONG_PENALTY_FACTOR if factor is None else factor
-
-    @property
-    def first_token_temperature(self) -> float | None:
-        """FIRE's first-token temperature (10 when unset); ``None`` without FIRE sampling."""
-        if not self.use_fire_sampling:
-            return None
-        temperature = self.fire_first_token_temperature
-        return DEFAULT_FIRE_TEMPERATURE if temperature is None else temperature
-
-    @property
-    def generate_rounds(self) -> int:
-        """Generate rounds per iteration: ``max_num_gen_batches`` (4 when unset) with dynamic
-        sampling, else 1."""
-        if not self.dynamic_sampling:
-            return 1
-        rounds = self.max_num_gen_batches
-        return DEFAULT_MAX_NUM_GEN_BATCHES if rounds is None else rounds
-
-    def as_dict(self) -> dict[str, Any]:
-        return attrs.asdict(self)

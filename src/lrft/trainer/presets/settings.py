@@ -22,15 +22,15 @@ import attrs
 import torch
 
 from lrft.api.errors import ConfigError
-from lrft.presets import PRESET_NAMES, smollm2
-from lrft.presets.word_problems import (
+from lrft.trainer.config import PRESET_NAMES, TrainConfig
+from lrft.trainer.presets import smollm2
+from lrft.trainer.presets.word_problems import (
     INPUT_KEY,
     REFERENCE_KEY,
     WordProblem,
     WordProblemTask,
     write_jsonl,
 )
-from lrft.trainer.config import TrainConfig
 
 SMOLLM2_TASK = WordProblemTask()
 """The smollm2 preset's problems: 2000 training and 200 held-out, seed 0."""

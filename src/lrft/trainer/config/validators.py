@@ -1,4 +1,4 @@
-"""Field validators and converters of :class:`lrft.trainer.config.TrainConfig`.
+"""Each field's own rule: the validators and converters of :mod:`lrft.trainer.config.fields`.
 
 Each raises ``ConfigError`` naming the field, the value and the rule. Numeric checks refuse
 booleans and non-numbers themselves (a config file can hold any JSON value), which is why they
@@ -8,6 +8,7 @@ do not reuse the bare comparisons of :mod:`lrft.api.validators`.
 from __future__ import annotations
 
 import math
+import re
 import urllib.parse
 from typing import Any
 
@@ -17,9 +18,10 @@ from lrft.algo import AGGREGATION_MODES, advantage_estimators, kl_estimators, po
 from lrft.api.errors import ConfigError
 from lrft.api.redaction import redact
 from lrft.api.validators import optional, positive_int
-from lrft.presets import PRESET_NAMES
-from lrft.trainer._config_engine import ENGINE_MAX_TP, HF_DECODE_PATHS
-from lrft.trainer._config_inputs import ENV_NAME
+from lrft.trainer.config.choices import ENGINE_MAX_TP, HF_DECODE_PATHS, PRESET_NAMES
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""What an environment variable's name may be (``remote_rm_auth_env`` holds names, not tokens)."""
 
 
 def _is_number(value: object) -> bool:
