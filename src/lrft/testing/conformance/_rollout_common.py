@@ -12,7 +12,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import attrs
 import pytest
@@ -28,14 +28,12 @@ from lrft.api import (
     SamplingParams,
 )
 from lrft.api.digest import tensor_digests
+from lrft.testing.conformance._rollout_hooks import RolloutEngineHooks
 from lrft.testing.distributed import current_rank_context
 from lrft.testing.models import save_tiny_causal_lm
 from lrft.testing.reference import load_reference_model
 
-if TYPE_CHECKING:
-    from lrft.testing.conformance.rollout import RolloutEngineSuite
-
-    Suite = type[RolloutEngineSuite[Any]]
+Suite = type[RolloutEngineHooks[Any]]
 
 #: prompts of different lengths (1 to 8 tokens), so batches need padding
 PROMPTS: tuple[tuple[int, ...], ...] = (

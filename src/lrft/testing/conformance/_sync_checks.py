@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import pytest
 import torch
@@ -25,6 +25,7 @@ from lrft.api import (
     combine_digests,
 )
 from lrft.api.digest import tensor_digests
+from lrft.testing.conformance._sync_hooks import WeightSyncHooks
 from lrft.testing.conformance._sync_proxies import (
     CorruptInTransit,
     CountsEngineCalls,
@@ -37,10 +38,7 @@ from lrft.testing.distributed import current_rank_context
 from lrft.testing.models import random_token_batch, tiny_causal_lm
 from lrft.testing.reference import greedy_continuation, model_with_weights
 
-if TYPE_CHECKING:
-    from lrft.testing.conformance.sync import WeightSyncSuite
-
-    Suite = type[WeightSyncSuite[Any]]
+Suite = type[WeightSyncHooks[Any]]
 
 PROMPTS = ((5, 17, 42, 9), (100, 3, 77), (250, 251, 252, 253, 254, 8))
 NEW_TOKENS = 12

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 import torch
@@ -34,12 +34,10 @@ from lrft.testing.conformance._train_checks import (
     lm_loss,
     rank_share,
 )
+from lrft.testing.conformance._train_hooks import TrainBackendHooks
 from lrft.testing.distributed import current_rank_context
 
-if TYPE_CHECKING:
-    from lrft.testing.conformance.train import TrainBackendSuite
-
-    Suite = type[TrainBackendSuite[Any]]
+Suite = type[TrainBackendHooks[Any]]
 
 BATCH_PER_RANK = 2
 # Forces several buckets with the tiny model: its 64 KiB embedding travels alone, its 32 KiB

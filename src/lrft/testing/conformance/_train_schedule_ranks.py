@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,12 +23,10 @@ from lrft.testing.conformance._train_checks import (
     lm_loss,
     rank_share,
 )
+from lrft.testing.conformance._train_hooks import TrainBackendHooks
 from lrft.testing.conformance._train_ranks import require, whole_batch
 
-if TYPE_CHECKING:
-    from lrft.testing.conformance.train import TrainBackendSuite
-
-    Suite = type[TrainBackendSuite[Any]]
+Suite = type[TrainBackendHooks[Any]]
 
 #: every kind, each with a warm-up, a decay that ends before the last step and a floor, so the
 #: steps after warm-up tell them apart (and a schedule that ignores its floor from one that

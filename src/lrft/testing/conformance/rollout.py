@@ -31,15 +31,8 @@ torch.device("cpu"))`` with ``models = make_engine_models(folder)``; call
 
 from __future__ import annotations
 
-import abc
-from collections.abc import Mapping
-from pathlib import Path
-from typing import ClassVar, Generic, TypeVar
-
 import pytest
-import torch
 
-from lrft.api import RolloutEngine
 from lrft.testing.conformance._rollout_common import (
     EngineModels,
     SuiteCheck,
@@ -57,6 +50,7 @@ from lrft.testing.conformance._rollout_generation_checks import (
     check_stop_token_ids,
     check_uneven_requests,
 )
+from lrft.testing.conformance._rollout_hooks import E, RolloutEngineHooks
 from lrft.testing.conformance._rollout_in_place_checks import (
     check_in_place_capability_matches_loader,
     check_in_place_load_serves_what_was_written,
@@ -89,9 +83,7 @@ from lrft.testing.conformance._rollout_weight_checks import (
     check_unsupported_level,
 )
 from lrft.testing.conformance.stateful import check_lifecycle_state_machine
-from lrft.testing.distributed import DistributedSuite, RankFailure, RankPool
-
-E = TypeVar("E", bound=RolloutEngine)
+from lrft.testing.distributed import RankFailure, RankPool
 
 __all__ = [
     "EngineModels",
@@ -135,32 +127,8 @@ __all__ = [
 ]
 
 
-class RolloutEngineSuite(DistributedSuite, abc.ABC, Generic[E]):
+class RolloutEngineSuite(RolloutEngineHooks[E]):
     """Conformance tests every ``RolloutEngine`` must pass (see ``lrft.api.RolloutEngine``)."""
-
-    #: (attention heads, key/value heads) of the tiny test models (hidden size 64), for engines
-    #: whose kernels need other shapes (vLLM's CPU attention needs head_dim >= 32: ``(2, 2)``)
-    model_heads: ClassVar[tuple[int, int]] = (4, 2)
-    #: the size of the TP groups the engines ``make_engine`` builds span (at most the engine's
-    #: declared ``max_tp``, which the suite checks)
-    tp_size: ClassVar[int] = 1
-    #: the hypothesis state machine's budget: runs, and steps per run (raise them for a longer
-    #: search, e.g. in a nightly job)
-    lifecycle_examples: ClassVar[int] = 40
-    lifecycle_steps: ClassVar[int] = 12
-
-    @classmethod
-    @abc.abstractmethod
-    def make_engine(cls, model_dir: Path, device: torch.device) -> E:
-        """An engine serving the Hugging Face folder ``model_dir`` on ``device`` (inside a rank).
-
-        Called once per worker process; the suite reuses the engine across tests."""
-
-    @classmethod
-    @abc.abstractmethod
-    def read_engine_weights(cls, engine: E) -> Mapping[str, torch.Tensor]:
-        """Backdoor: every weight the engine holds, in Hugging Face names, read without its API
-        (tied weights once)."""
 
     @pytest.fixture(scope="class")
     @classmethod
