@@ -97,8 +97,10 @@ class Scripted:
         return EpisodeStart(prompt_token_ids=(1, 2, *extra))
 
     def step(self, turn: ModelTurn) -> StepResult:
+        if self.resets == 0:
+            raise EpisodeError("step before reset")
         if self.turn is None and self.fault != "steps_after_done":
-            raise EpisodeError("not started")
+            raise EpisodeError("step after the episode ended")
         if self.fault == "raises_on_odd_tokens" and any(t % 2 for t in turn.token_ids):
             raise ValueError("odd token")
         done = turn.index >= 1
@@ -121,7 +123,7 @@ def test_a_correct_environment_passes() -> None:
         ("changing_rewards", "the same turns gave another episode"),
         ("raises_on_odd_tokens", "raised ValueError: odd token"),
         ("outside_vocabulary", "outside the vocabulary"),
-        ("steps_after_done", "did not raise EpisodeError"),
+        ("steps_after_done", "step after the episode was done did not raise"),
     ],
 )
 def test_a_broken_environment_fails_with_the_rule_it_broke(fault: str, message: str) -> None:

@@ -114,16 +114,19 @@ def test_writes_outside_the_working_directory_are_refused(mode: str, tmp_path: P
     assert not Path("/etc/lrft-sandbox-probe").exists()
 
 
-def test_host_files_are_invisible_in_namespaces(tmp_path: Path) -> None:
+def test_host_files_are_invisible_and_the_root_read_only_in_namespaces(tmp_path: Path) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("token")
     code = (
         f"import os\nprint(os.path.exists({str(secret)!r}), os.path.exists('/root/.bashrc'))\n"
-        "print(os.getuid(), open('/proc/self/status').read().split('CapEff:')[1].split()[0])"
+        "print(os.getuid(), open('/proc/self/status').read().split('CapEff:')[1].split()[0])\n"
+        "try:\n    open('/probe', 'w')\nexcept OSError as error:\n    print(error.strerror)"
     )
     result = _sandbox("namespaces").run(code)
     assert result.status == "ok", result.stderr
-    visible, ids = result.stdout.splitlines()
+    visible, ids, root_write = result.stdout.splitlines()
+    # the sandbox's root is a read-only mount, whatever its owner's permissions would allow
+    assert root_write == "Read-only file system"
     assert visible == "False False"
     uid, capabilities = ids.split()
     assert int(capabilities, 16) == 0
@@ -214,10 +217,12 @@ def test_output_past_the_limit_stops_the_program(mode: str) -> None:
 
 
 def test_the_working_directory_is_size_limited() -> None:
+    # Files each under the size limit of one file, together over the directory's size.
     limits = SandboxLimits(work_bytes=1 * MiB)
-    result = _sandbox("namespaces", limits).run("open('big', 'wb').write(b'x' * (4 << 20))")
+    code = "for i in range(4):\n    open(f'part{i}', 'wb').write(b'x' * (400 << 10))"
+    result = _sandbox("namespaces", limits).run(code)
     assert result.status == "error"
-    assert "No space left on device" in result.stderr or "File too large" in result.stderr
+    assert "No space left on device" in result.stderr
 
 
 def test_a_program_over_the_code_limit_is_refused() -> None:
