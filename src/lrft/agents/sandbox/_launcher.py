@@ -223,7 +223,7 @@ _spawning = {"os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "
 _write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _path_events = {"os.remove": 1, "os.rename": 2, "os.rmdir": 1, "os.mkdir": 1, "os.symlink": 2,
                 "os.link": 2, "os.chmod": 1, "os.chown": 1, "os.truncate": 1, "os.utime": 1,
-                "shutil.rmtree": 1, "os.chdir": 0}
+                "shutil.rmtree": 1}
 
 def _inside(path):
     if isinstance(path, int):
