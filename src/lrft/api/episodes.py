@@ -56,15 +56,23 @@ class ChatMessage:
         return {"role": self.role, "content": self.content}
 
 
+def _message(position: int, value: ChatMessage | Mapping[str, str]) -> ChatMessage:
+    if isinstance(value, ChatMessage):
+        return value
+    if not isinstance(value, Mapping) or "role" not in value or "content" not in value:
+        raise ConfigError(
+            f"message {position} of an episode task's prompt must have a 'role' and a "
+            f"'content', got {value!r:.80}"
+        )
+    return ChatMessage(role=value["role"], content=value["content"])
+
+
 def _prompt(
     value: str | Sequence[ChatMessage | Mapping[str, str]],
 ) -> str | tuple[ChatMessage, ...]:
     if isinstance(value, str):
         return value
-    messages = tuple(
-        m if isinstance(m, ChatMessage) else ChatMessage(role=m["role"], content=m["content"])
-        for m in value
-    )
+    messages = tuple(_message(i, m) for i, m in enumerate(value))
     if not messages:
         raise ConfigError("an episode task's prompt must not be an empty conversation")
     return messages

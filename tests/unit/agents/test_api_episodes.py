@@ -66,6 +66,8 @@ def test_a_task_prompt_is_text_or_a_conversation() -> None:
         task.metadata["k"] = 2  # type: ignore[index]
     with pytest.raises(ConfigError, match="empty conversation"):
         EpisodeTask(prompt=[])
+    with pytest.raises(ConfigError, match="message 1 of an episode task's prompt must have"):
+        EpisodeTask(prompt=[{"role": "user", "content": "hi"}, {"text": "no role"}])
     with pytest.raises(ConfigError, match="non-empty word"):
         ChatMessage(role=" user", content="x")
 
