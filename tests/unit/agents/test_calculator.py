@@ -39,7 +39,9 @@ def expressions(draw: st.DrawFn, *, depth: int = 3, decimals: bool = True) -> tu
         return f"({left}) ** {exponent}", f"({left_reference}) ** {exponent}"
     operator = draw(st.sampled_from(_OPERATORS))
     right, right_reference = draw(expressions(depth=depth - 1, decimals=decimals))
-    return f"({left}) {operator} ({right})", f"({left_reference}) {operator} ({right_reference})"
+    reference = f"({left_reference}) {operator} ({right_reference})"
+    # Fraction // Fraction is an int, and an int to a negative power a float: keep it exact
+    return f"({left}) {operator} ({right})", f"Fraction({reference})"
 
 
 def _reference(expression: str) -> Fraction | None:
@@ -48,7 +50,7 @@ def _reference(expression: str) -> Fraction | None:
         value = eval(expression, {"Fraction": Fraction})
     except ZeroDivisionError:
         return None
-    assert isinstance(value, Fraction | int)  # Fraction // Fraction is an int
+    assert isinstance(value, Fraction), f"{expression} gave {value!r}"
     return Fraction(value)
 
 
