@@ -19,11 +19,11 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from lrft.api.protocols import TrainBackend
 from lrft.data import DistributedPromptSampler
-from lrft.demo.task import AdditionTask
 from lrft.dist import RankInfo
 from lrft.rm import RMTrainConfig, build_rm_trainer
 from lrft.rm.demo import preference_rows
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
+from lrft.trainer.demo.task import AdditionTask
 from lrft.trainer.metrics import read_metrics
 from tests.trainer.fixtures import make_model_folder
 

@@ -17,9 +17,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from lrft.demo.model import ASSETS_DIR
-from lrft.demo.task import AdditionTask, is_correct, write_jsonl
 from lrft.rm.demo import preference_rows
+from lrft.trainer.demo.model import ASSETS_DIR
+from lrft.trainer.demo.task import AdditionTask, is_correct, write_jsonl
 from lrft.trainer.metrics import read_metrics
 from tests.trainer.fixtures import make_model_folder
 

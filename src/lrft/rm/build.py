@@ -37,6 +37,7 @@ from lrft.rm.model import load_judge, load_scalar_rm, sequence_classifier_from_c
 from lrft.rm.objectives import Objective, PairObjective, VerdictObjective
 from lrft.rm.trainer import RMTrainer, check_resumable, planned_steps
 from lrft.trainer import checkpoint as ckpt
+from lrft.trainer.config.inputs import check_model_folder as check_folder
 from lrft.trainer.export import export_hf
 from lrft.trainer.outputs import claim_outputs
 
@@ -62,12 +63,12 @@ def rm_backend(config: RMTrainConfig) -> TrainBackend:
 
 
 def check_model_folder(config: RMTrainConfig) -> None:
-    """``pretrain`` is a model folder of the kind the mode trains from: any transformers model
-    for a scalar RM, and not a classifier for a judge (a judge generates)."""
+    """``pretrain`` is a model folder (config, weights, tokenizer: as ``lrft train`` checks its
+    own) of the kind the mode trains from: any transformers model for a scalar RM, and not a
+    classifier for a judge (a judge generates)."""
     assert config.pretrain is not None
+    check_folder("pretrain", config.pretrain, tokenizer=True)
     config_file = Path(config.pretrain) / "config.json"
-    if not config_file.is_file():
-        raise ConfigError(f"pretrain {config.pretrain!r} is not a model folder (no config.json)")
     architectures = json.loads(config_file.read_text(encoding="utf-8")).get("architectures") or []
     if config.generative and any(
         str(a).endswith("ForSequenceClassification") for a in architectures
@@ -76,6 +77,12 @@ def check_model_folder(config: RMTrainConfig) -> None:
             f"pretrain {config.pretrain!r} is a {architectures[0]} (a scalar head); a judge is a "
             "causal LM that writes its verdict"
         )
+    for flag, path in (("dataset", config.dataset), ("eval_dataset", config.eval_dataset)):
+        if path is not None and not Path(path).exists():
+            raise ConfigError(
+                f"--{flag} {path!r}: no such file or folder (reward-model data is read from "
+                "local JSONL, JSON or Parquet files or a datasets folder)"
+            )
 
 
 def _columns(config: RMTrainConfig) -> Columns:

@@ -12,7 +12,7 @@ import attrs
 
 from lrft.api.errors import ConfigError
 from lrft.rewards.judge_template import JUDGE_TEMPLATES, JudgeTemplate, load_judge_template
-from lrft.trainer import _config_fields as f
+from lrft.trainer.config import validators as f
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 SCALAR_ONLY = ("chosen_key", "rejected_key", "margin_key")
