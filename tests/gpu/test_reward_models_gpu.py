@@ -31,7 +31,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _config(layers: int) -> Qwen2Config:
-    return Qwen2Config(
+    config = Qwen2Config(
         vocab_size=VOCAB_SIZE,
         hidden_size=1024,
         intermediate_size=2816,
@@ -42,8 +42,9 @@ def _config(layers: int) -> Qwen2Config:
         pad_token_id=PAD_ID,
         eos_token_id=EOS_ID,
         bos_token_id=None,
-        num_labels=1,
     )
+    config.num_labels = 1
+    return config
 
 
 def _save(model: torch.nn.Module, folder: Path) -> Path:

@@ -54,16 +54,19 @@ def _inputs(root: Path) -> None:
     torch.distributed.barrier()
 
 
-def _trainer(root: Path, extra: list[str]) -> RLTrainer:
+def _trainer(root: Path, extra: list[str], *, models: bool = True) -> RLTrainer:
     from lrft.dist import RankInfo
 
     context = current_rank_context()
     args = base_args(root / "model", root / "train.jsonl", root / "eval.jsonl", root / "out")
-    flags = [
+    judged = [
         f"--reward_pretrain={root / 'rm0'},{root / 'rm1'}",
         f"--grm_pretrain={root / 'judge'}",
         f"--grm_unparsable_score={UNPARSABLE}",
         "--grm_max_new_tokens=3",
+    ]
+    flags = [
+        *(judged if models else []),
         "--enable_engine_sleep",
         "--label_key=kind",
         "--overwrite_output",
@@ -169,6 +172,29 @@ def by_label(root: Path) -> dict[str, Any]:
     }
 
 
+def remote_openrlhf(root: Path, url: str) -> dict[str, Any]:
+    import os
+
+    _inputs(root)
+    os.environ["LRFT_TEST_RM_TOKEN"] = "rank-token"
+    flags = [
+        f"--remote_rm_url={url}",
+        "--remote_rm_protocol=openrlhf",
+        "--remote_rm_batch_size=2",
+        "--remote_rm_max_concurrency=2",
+        "--remote_rm_auth_env=LRFT_TEST_RM_TOKEN",
+    ]
+    trainer = _trainer(root, flags, models=False)
+    reward = trainer.maker.reward
+    assert isinstance(reward, CombinedReward)
+    mine = [SAMPLES[:3], SAMPLES[3:]][current_rank_context().rank]
+    output = compute_rewards(reward, mine)
+    return {
+        "remote": list(output.metrics["remote"]),
+        "expected": [float(len(s.prompt + s.response)) for s in mine],
+    }
+
+
 class TestSeveralRewardModels(DistributedSuite):
     world_size = 2
 
@@ -208,3 +234,21 @@ class TestSeveralRewardModels(DistributedSuite):
             assert result["scores"] == pytest.approx(result["expected"], abs=1e-5)
             # the judge scored the chat samples only
             assert [g == g for g in result["grm"]] == [s.label == "chat" for s in SAMPLES]
+
+    def test_a_service_in_openrlhf_format_batched_and_authorized(
+        self, pool: RankPool, tmp_path: Path
+    ) -> None:
+        from tests.unit.rewards.test_remote import ScriptedServer
+        from tests.unit.rewards.test_remote_protocols import openrlhf_service
+
+        server = ScriptedServer(lambda n, body: (200, openrlhf_service(body)))
+        try:
+            results = pool.run(remote_openrlhf, pool.shared_dir / tmp_path.name, server.url)
+        finally:
+            server.close()
+        for result in results:
+            assert result["remote"] == result["expected"]
+        # rank 0's three samples went in POSTs of two and one, rank 1's one in one
+        assert sorted(len(body["query"]) for body in server.requests) == [1, 1, 2]
+        assert all(set(body) == {"query", "prompts", "labels"} for body in server.requests)
+        assert {h["authorization"] for h in server.headers} == {"Bearer rank-token"}

@@ -133,7 +133,8 @@ def test_the_exported_model_drives_lrft_train(demo_rm: Path, tmp_path: Path) -> 
     model = AutoModelForSequenceClassification.from_pretrained(folder)
     torch.nn.Module.eval(model)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    right, wrong = [], []
+    right: list[float] = []
+    wrong: list[float] = []
     for record in records[:32]:
         ids = torch.tensor([tokenizer.encode(record["prompt"] + record["response"])])
         with torch.no_grad():

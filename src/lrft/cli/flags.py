@@ -15,6 +15,7 @@ import attrs
 
 from lrft.algo import AGGREGATION_MODES, kl_estimators, policy_losses
 from lrft.rewards.judge_template import JUDGE_TEMPLATES
+from lrft.rewards.remote_protocols import PROTOCOLS
 from lrft.trainer.config import (
     ENGINE_MAX_TP,
     HF_DECODE_PATHS,
@@ -159,7 +160,7 @@ FLAGS: tuple[Flag, ...] = (
         group=FlagGroup.REWARDS,
         kind=str,
         metavar="URL[,URL...]",
-        help="reward services: one JSON POST per batch (docs/rewards-and-data.md has the format)",
+        help="reward services: JSON POSTs of each batch, in --remote_rm_protocol's format (docs/reward-models.md has the formats)",
     ),
     Flag(
         name="remote_rm_timeout_s",
@@ -172,6 +173,25 @@ FLAGS: tuple[Flag, ...] = (
         group=FlagGroup.REWARDS,
         kind=int,
         help="tries per batch when a reward service times out or answers 408, 429 or 5xx (needs --remote_rm_url)",
+    ),
+    Flag(
+        name="remote_rm_protocol",
+        group=FlagGroup.REWARDS,
+        kind=str,
+        choices=tuple(PROTOCOLS),
+        help="the services' request and reply format: lrft's, or OpenRLHF's (LightRFT's) query/prompts/labels in, rewards out (needs --remote_rm_url)",
+    ),
+    Flag(
+        name="remote_rm_batch_size",
+        group=FlagGroup.REWARDS,
+        kind=int,
+        help="the most samples one POST carries (unset: a rank's whole batch in one; needs --remote_rm_url)",
+    ),
+    Flag(
+        name="remote_rm_max_concurrency",
+        group=FlagGroup.REWARDS,
+        kind=int,
+        help="the most POSTs of one batch in flight at once, per rank and service (needs --remote_rm_url)",
     ),
     Flag(
         name="remote_rm_auth_env",

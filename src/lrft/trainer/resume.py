@@ -61,6 +61,10 @@ RESUMABLE_SETTINGS = frozenset(
         "remote_rm_timeout_s",
         "remote_rm_max_attempts",
         "remote_rm_auth_env",
+        # how a service is spoken to: its format, and how its POSTs are cut and overlapped
+        "remote_rm_protocol",
+        "remote_rm_batch_size",
+        "remote_rm_max_concurrency",
         # memory placement and speed, documented as not changing the result
         "enable_engine_sleep",
         "engine_mem_util",

@@ -273,6 +273,9 @@ def build_reward(config: TrainConfig, backend: TrainBackend, labels: Iterable[st
                     max_attempts=config.remote_rm_max_attempts,
                     headers=auth_headers(variable),
                     name=name,
+                    protocol=config.remote_rm_protocol,
+                    batch_size=config.remote_rm_batch_size,
+                    max_concurrency=config.remote_rm_max_concurrency,
                 )
             )
     if not rewards:

@@ -37,7 +37,7 @@ def _jsonl(path: Path, rows: list[dict[str, object]]) -> str:
 def test_pairs_are_prompt_plus_response_with_margins(
     tmp_path: Path, tokenizer: PreTrainedTokenizerFast
 ) -> None:
-    path = _jsonl(tmp_path / "pairs.jsonl", ROWS)  # type: ignore[arg-type]  # JSON rows
+    path = _jsonl(tmp_path / "pairs.jsonl", ROWS)
     data = load_preference_pairs(
         path, columns=Columns(margin="gap"), prompt_format=PromptFormat(), tokenizer=tokenizer
     )
@@ -58,10 +58,10 @@ def test_parquet_and_datasets_folders_read_the_same_pairs(
     tmp_path: Path, tokenizer: PreTrainedTokenizerFast
 ) -> None:
     pyarrow = pytest.importorskip("pyarrow")
+    parquet = pytest.importorskip("pyarrow.parquet")
     datasets = pytest.importorskip("datasets")
-    import pyarrow.parquet as parquet
 
-    jsonl = _jsonl(tmp_path / "pairs.jsonl", ROWS)  # type: ignore[arg-type]  # JSON rows
+    jsonl = _jsonl(tmp_path / "pairs.jsonl", ROWS)
     parquet.write_table(pyarrow.Table.from_pylist(ROWS), tmp_path / "pairs.parquet")
     datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "pairs_ds"))
     expected = load_preference_pairs(
@@ -82,7 +82,7 @@ def test_chat_and_input_templates_format_the_prompt_as_lrft_train_does(
     tmp_path: Path, tokenizer: PreTrainedTokenizerFast
 ) -> None:
     tokenizer.chat_template = "<user>{{ messages[0]['content'] }}</user>"
-    path = _jsonl(tmp_path / "pairs.jsonl", ROWS[:1])  # type: ignore[arg-type]  # JSON rows
+    path = _jsonl(tmp_path / "pairs.jsonl", ROWS[:1])
     formatted = load_preference_pairs(
         path,
         columns=Columns(),
@@ -95,7 +95,7 @@ def test_chat_and_input_templates_format_the_prompt_as_lrft_train_does(
 def test_long_pairs_are_dropped_and_counted(
     tmp_path: Path, tokenizer: PreTrainedTokenizerFast
 ) -> None:
-    path = _jsonl(tmp_path / "pairs.jsonl", ROWS)  # type: ignore[arg-type]  # JSON rows
+    path = _jsonl(tmp_path / "pairs.jsonl", ROWS)
     data = load_preference_pairs(
         path, columns=Columns(), prompt_format=PromptFormat(), tokenizer=tokenizer, max_len=10
     )
@@ -141,7 +141,7 @@ def test_a_bad_row_is_named_before_training(
     columns: Columns,
     message: str,
 ) -> None:
-    path = _jsonl(tmp_path / "pairs.jsonl", [ROWS[0], row])  # type: ignore[list-item]  # JSON rows
+    path = _jsonl(tmp_path / "pairs.jsonl", [ROWS[0], row])
     with pytest.raises(ConfigError, match=message):
         load_preference_pairs(
             path, columns=columns, prompt_format=PromptFormat(), tokenizer=tokenizer

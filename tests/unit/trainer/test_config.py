@@ -273,6 +273,18 @@ def _non_default(name: str) -> list[str]:
             "--remote_rm_url=http://127.0.0.1:9/x",
             "--remote_rm_max_attempts=7",
         ],
+        "remote_rm_protocol": [
+            "--remote_rm_url=http://127.0.0.1:9/x",
+            "--remote_rm_protocol=openrlhf",
+        ],
+        "remote_rm_batch_size": [
+            "--remote_rm_url=http://127.0.0.1:9/x",
+            "--remote_rm_batch_size=128",
+        ],
+        "remote_rm_max_concurrency": [
+            "--remote_rm_url=http://127.0.0.1:9/x",
+            "--remote_rm_max_concurrency=4",
+        ],
         "remote_rm_auth_env": [
             "--remote_rm_url=http://127.0.0.1:9/x",
             "--remote_rm_auth_env=RM_TOKEN",

@@ -95,7 +95,14 @@ def check_reward_settings(config: TrainFields) -> None:
             "and remote_rm_url need --pretrain or --preset"
         )
     if not config.remote_rm_url:
-        for name in ("remote_rm_timeout_s", "remote_rm_max_attempts", "remote_rm_auth_env"):
+        for name in (
+            "remote_rm_timeout_s",
+            "remote_rm_max_attempts",
+            "remote_rm_auth_env",
+            "remote_rm_protocol",
+            "remote_rm_batch_size",
+            "remote_rm_max_concurrency",
+        ):
             if getattr(config, name) != _default(config, name):
                 raise ConfigError(f"{name} applies to remote_rm_url, which is not set")
     if config.remote_rm_auth_env and len(config.remote_rm_auth_env) != len(config.remote_rm_url):
@@ -159,13 +166,24 @@ def check_judge_settings(config: TrainFields) -> None:
         )
 
 
+def remote_rounds(config: TrainFields) -> int:
+    """The rounds of POSTs one service call makes for a rollout's samples, all on one rank at
+    worst: ``remote_rm_batch_size`` samples per POST, ``remote_rm_max_concurrency`` at once."""
+    samples = config.rollout_batch_size * config.n_samples_per_prompt
+    if config.remote_rm_batch_size is None:
+        return 1
+    posts = -(-samples // config.remote_rm_batch_size)
+    return -(-posts // config.remote_rm_max_concurrency)
+
+
 def remote_wait_s(config: TrainFields) -> float:
     """How long the reward services keep a rank in the rewards phase when none answers: each
-    tries ``remote_rm_max_attempts`` times, ``remote_rm_timeout_s`` each, with the client's
-    backoff between tries; the services are called one after the other."""
+    POST tries ``remote_rm_max_attempts`` times, ``remote_rm_timeout_s`` each, with the client's
+    backoff between tries, in :func:`remote_rounds` rounds; the services are called one after the
+    other."""
     attempts, timeout = config.remote_rm_max_attempts, config.remote_rm_timeout_s
     waits = sum(retry_backoff_s(failed) for failed in range(1, attempts))
-    return len(config.remote_rm_url) * (attempts * timeout + waits)
+    return len(config.remote_rm_url) * remote_rounds(config) * (attempts * timeout + waits)
 
 
 def _check_remote_wait(config: TrainFields) -> None:
@@ -176,8 +194,9 @@ def _check_remote_wait(config: TrainFields) -> None:
             f"collective_timeout_s {config.collective_timeout_s:g} must exceed the "
             f"{remote_wait_s(config):g} s that {len(config.remote_rm_url)} reward service(s) may "
             f"take when none answers ({config.remote_rm_max_attempts} attempts x "
-            f"remote_rm_timeout_s {config.remote_rm_timeout_s:g}, plus backoff, each): the "
-            "other ranks wait that long at the next collective"
+            f"remote_rm_timeout_s {config.remote_rm_timeout_s:g}, plus backoff, per POST, in "
+            f"{remote_rounds(config)} round(s) of POSTs each): the other ranks wait that long "
+            "at the next collective"
         )
 
 

@@ -66,11 +66,20 @@ class TrainFields:
     remote_rm_url: tuple[str, ...] = attrs.field(
         default=(), converter=f.reward_urls, validator=f.http_urls, repr=f.redacted_repr
     )
-    """Reward services (JSON over HTTP, see :mod:`lrft.rewards.remote`), one POST per batch.
+    """Reward services (JSON over HTTP, see :mod:`lrft.rewards.remote`): one POST per batch, or
+    per ``remote_rm_batch_size`` samples.
     Credentials in them (``user:password@``, ``?token=...``) are hidden wherever lrft shows or
     saves the config; ``remote_rm_auth_env`` keeps them off the command line."""
     remote_rm_timeout_s: float = attrs.field(default=30.0, validator=f.positive_float)
     remote_rm_max_attempts: int = attrs.field(default=3, validator=f.positive)
+    remote_rm_protocol: str = attrs.field(default="lrft", validator=f.remote_protocol)
+    """The services' request and reply format: ``lrft`` or ``openrlhf`` (OpenRLHF's and
+    LightRFT's ``query``/``prompts``/``labels`` in, ``rewards`` out; see
+    :mod:`lrft.rewards.remote_protocols`)."""
+    remote_rm_batch_size: int | None = attrs.field(default=None, validator=f.optional_positive)
+    """The most samples one POST carries; unset: a rank's whole batch in one POST."""
+    remote_rm_max_concurrency: int = attrs.field(default=1, validator=f.positive)
+    """The most POSTs of one batch in flight at once, per rank and service."""
     remote_rm_auth_env: tuple[str, ...] = attrs.field(default=(), converter=f.auth_env_names)
     """Names of environment variables, one per ``remote_rm_url``, whose values are sent as
     ``Authorization: Bearer <value>`` to that service (an empty entry: no header). The config

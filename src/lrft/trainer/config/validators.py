@@ -156,6 +156,13 @@ def redacted_repr(value: object) -> str:
     return repr(redact(value))
 
 
+def remote_protocol(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    from lrft.rewards.remote_protocols import PROTOCOLS
+
+    if value not in PROTOCOLS:
+        raise ConfigError(f"{attribute.name} {value!r} is unknown; choose one of {list(PROTOCOLS)}")
+
+
 def http_urls(_: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
     for url in value:
         parts = urllib.parse.urlsplit(url)
