@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -168,6 +167,3 @@ class TestJudgeTrainingWorld2(DistributedSuite):
         results = pool.run(train_judge, root, "out2", 120)
         assert results[0] == results[1]  # metrics are summed over ranks: the same on both
         assert results[0]["last"]["eval/verdict_accuracy"] >= 0.9, results[0]
-
-
-_ = pytest
