@@ -159,8 +159,38 @@ def _check(root: Path, save: str, result: dict[str, Any], settings: dict[str, An
     assert len(moved) == len(initial)  # training moved every backbone tensor
 
 
+def load_headless(root: Path) -> str:
+    """A causal LM saved as a one-label classifier's config without its architecture: the
+    folder passes the config checks, and loading finds the score head missing."""
+    from lrft.api.errors import ConfigError
+    from lrft.backends.train.fsdp2 import FSDP2Backend
+    from lrft.trainer.config import TrainConfig
+    from lrft.trainer.rewards import check_reward_settings, load_reward_model
+
+    folder = make_model_folder(root / "headless")
+    config_file = folder / "config.json"
+    values = json.loads(config_file.read_text())
+    values.pop("architectures")
+    values["id2label"] = {"0": "LABEL_0"}
+    config_file.write_text(json.dumps(values))
+    config = TrainConfig(pretrain="m", prompt_data="p", reward_pretrain=[str(folder)])
+    check_reward_settings(config)
+    try:
+        load_reward_model(str(folder), name="reward_model", backend=FSDP2Backend(), config=config)
+    except ConfigError as error:
+        return str(error)
+    return "loaded"
+
+
 class TestRewardModelTrainingWorld1(DistributedSuite):
     world_size = 1
+
+    def test_a_folder_whose_score_head_is_missing_is_refused_when_loaded(
+        self, pool: RankPool, tmp_path: Path
+    ) -> None:
+        (message,) = pool.run(load_headless, pool.shared_dir / tmp_path.name)
+        assert "lacks the weights ['score.weight']" in message
+        assert "a reward model is a *ForSequenceClassification folder with one label" in message
 
     def test_fsdp2_matches_plain_pytorch(self, pool: RankPool, tmp_path: Path) -> None:
         root = pool.shared_dir / tmp_path.name
