@@ -37,6 +37,7 @@ import pytest
 import torch
 
 from lrft.api import RolloutEngine
+from lrft.testing.conformance._rollout_cap_checks import check_request_caps
 from lrft.testing.conformance._rollout_common import EngineModels, make_engine_models
 from lrft.testing.conformance._rollout_generation_checks import (
     check_batch_independence,
@@ -153,6 +154,9 @@ class RolloutEngineSuite(DistributedSuite, abc.ABC, Generic[E]):
 
     def test_multimodal_needs_capability(self, pool: RankPool, engine_models: EngineModels) -> None:
         pool.run(check_multimodal_gated, type(self), engine_models)
+
+    def test_request_caps(self, pool: RankPool, engine_models: EngineModels) -> None:
+        pool.run(check_request_caps, type(self), engine_models)
 
     # --- memory states ---------------------------------------------------------------------
 
