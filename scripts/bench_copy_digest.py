@@ -2,7 +2,7 @@
 
 For a workload's model (random weights, its trainer dtype), each parameter is copied into a
 row-aligned bf16 buffer as the hf engine holds its weights, three ways: ``torch._foreach_copy_``
-(the cast copy an unverified sync does), ``lrft.api.digest.copy_with_digest`` (the cast copy
+(the cast copy an unverified sync does), ``copy_with_digest`` of the direct sync (the cast copy
 that fingerprints what it writes, as a verified sync into an engine that loads in place does),
 and the buffer's own digest (the engine's side of the check). Each figure is the median of
 ``--repeats`` runs between CUDA events (GPU time, including any gaps the host leaves) and of
@@ -22,9 +22,10 @@ from pathlib import Path
 
 import torch
 
-from lrft.api.digest import DigestBuffer, copy_with_digest
+from lrft.backends.sync._copy_plan import copy_with_digest
 from lrft.bench.assets import random_model
 from lrft.bench.workloads import load_workload
+from lrft.kernels import DigestBuffer
 
 
 def _gpu_ms(fn: Callable[[], object], repeats: int) -> float:

@@ -1,6 +1,6 @@
-"""Tensor digests on CUDA, where each row reduction runs as one compiled kernel: every sum
-against the definition evaluated in plain Python integers, and equal to the digest of the same
-bytes on the host.
+"""Tensor digests on CUDA, where each row reduction of ``lrft.kernels`` and the direct sync's
+copy run as compiled kernels: every sum against the definition evaluated in plain Python
+integers, and equal to the digest of the same bytes on the host.
 
 Skipped with a reason where CUDA is missing (CI has none).
 """
@@ -10,15 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lrft.api._replay import Replay
-from lrft.api.digest import CopyPlan, DigestBuffer, DigestPlan, copy_with_digest, tensor_digests
-from tests.unit.test_api_digest import (
-    ROW_BYTES,
-    cases,
-    copy_with_digest_mismatches,
-    digests_of_a_dirty_buffer,
-    reference_digest,
-)
+from lrft.api.digest import format_digests, tensor_digests
+from lrft.backends.sync._copy_plan import CopyPlan, copy_with_digest
+from lrft.kernels import DigestBuffer, DigestPlan, Replay, digest_sums_many
+from tests.unit.digest_cases import ROW_BYTES, cases, reference_digest
+from tests.unit.test_direct_sync_digests import copy_with_digest_mismatches
+from tests.unit.test_kernels_digest import digests_of_a_dirty_buffer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -32,7 +29,9 @@ def expected() -> dict[str, str]:
 
 def test_digests_on_cuda_equal_the_definition(expected: dict[str, str]) -> None:
     on_device = {name: tensor.to(DEVICE) for name, tensor in cases().items()}
-    assert tensor_digests(on_device) == expected
+    assert tensor_digests(on_device) == expected  # the plain sums, eager on the device
+    tensors = list(on_device.values())
+    assert format_digests(list(on_device), tensors, digest_sums_many(tensors)) == expected
 
 
 @pytest.mark.parametrize("staging_bytes", [ROW_BYTES, 3 * ROW_BYTES + 100])
@@ -62,6 +61,8 @@ def test_a_large_bf16_tensor_digests_as_on_the_host() -> None:
     tensor = torch.randn(4099, 1531, generator=generator).to(torch.bfloat16)
     host = tensor_digests({"w": tensor})
     assert tensor_digests({"w": tensor.to(DEVICE)}) == host
+    on_device = tensor.to(DEVICE)
+    assert format_digests(["w"], [on_device], digest_sums_many([on_device])) == host
 
 
 def test_copy_with_digest_on_cuda_writes_the_cast_and_adds_its_sums() -> None:

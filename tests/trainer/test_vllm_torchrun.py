@@ -30,6 +30,7 @@ from lrft.demo.model import ASSETS_DIR
 from lrft.demo.task import AdditionTask, write_jsonl
 from lrft.testing.reference import greedy_continuation
 from tests.trainer.recording_reward import RECORD_DIR_ENV, last_record
+from tests.trainer.test_console_log import bar_frames
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
@@ -85,12 +86,19 @@ def _train(root: Path, tp_size: int, extra: list[str], env: dict[str, str]) -> P
     port = 29900 + os.getpid() % 90 + 5 * tp_size
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     command = [*torchrun, "--master_port", str(port), "-m", "lrft", *args]
-    run_env = {**env, "PYTHONPATH": str(ROOT), RECORD_DIR_ENV: str(records)}
+    # this tree's lrft first, not whichever one the environment's install points at
+    run_env = {
+        **env,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        RECORD_DIR_ENV: str(records),
+    }
     done = subprocess.run(
         command, env=run_env, capture_output=True, text=True, timeout=420, check=False
     )
     (root / "output.txt").write_text(done.stdout + done.stderr)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    # a pipe is no terminal: vLLM's weight-loading bar, like every other, stays out of it
+    assert bar_frames(done.stdout + done.stderr) == []
     return save
 
 

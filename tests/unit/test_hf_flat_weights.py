@@ -1,8 +1,8 @@
 """The hf engine keeps its weights as row-aligned views of one flat buffer.
 
 Checked by pointer arithmetic on the parameters' storage, against an untouched copy of the model
-(logits of a fixed input) and against ``tensor_digests`` of the parameters (the staging-copy
-digest, computed independently of the buffer). A CPU engine moves nothing at sleep level 1, so
+(logits of a fixed input) and against ``tensor_digests`` of the parameters (the plain
+digest of ``lrft.api``, computed independently of the buffer). A CPU engine moves nothing at sleep level 1, so
 the park/restore copies are also driven directly on ``FlatWeights``, where the host buffer is a
 real second buffer at new addresses.
 """
@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from lrft.api import EngineAsleepError
-from lrft.api.digest import ROW_WORDS, DigestBuffer, format_digest, tensor_digests
+from lrft.api.digest import format_digest, tensor_digests
 from lrft.backends.rollout._weight_moves import FlatWeights
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
+from lrft.kernels import ROW_WORDS, DigestBuffer
 from lrft.testing.models import random_token_batch, tiny_causal_lm
 
 ROW_BYTES = ROW_WORDS * 4

@@ -4,12 +4,35 @@ Padding may hold anything (stale logits, NaN from an engine, uninitialised memor
 function therefore replaces masked entries with a neutral value *before* any arithmetic, with
 ``torch.where`` rather than a product: ``nan * 0`` is ``nan``, and a product would also let NaN
 reach the gradient of the padded entries.
+
+Centring (subtracting a group's or a batch's mean) follows one rule, :func:`below_resolution`:
+values that agree to within the rounding resolution of their dtype are taken to be equal, and
+their centred values are exactly 0. Dividing such rounding noise by a standard deviation of the
+same size would turn a batch that carries no signal into advantages of order one.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+RESOLUTION_ULPS = 4.0
+"""How many machine epsilons of spread, relative to the values' mean, count as rounding."""
+
+
+def resolution(dtype: torch.dtype) -> float:
+    """The smallest relative spread of values of ``dtype`` that counts as a difference:
+    ``RESOLUTION_ULPS * finfo(dtype).eps`` (about 4.8e-7 for float32, 8.9e-16 for float64)."""
+    return RESOLUTION_ULPS * torch.finfo(dtype).eps
+
+
+def below_resolution(spread: Tensor, mean: Tensor, dtype: torch.dtype) -> Tensor:
+    """Whether values of ``dtype`` whose root-mean-square deviation from their ``mean`` is
+    ``spread`` agree to within rounding: ``spread <= resolution(dtype) * |mean|``.
+
+    A set of equal values (``spread == 0``) always does, whatever its mean.
+    """
+    return spread <= resolution(dtype) * mean.abs()
 
 
 def as_mask(mask: Tensor) -> Tensor:

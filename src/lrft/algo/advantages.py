@@ -18,10 +18,18 @@ Conventions shared by all estimators:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
-from lrft.algo._tensor import as_mask, check_2d, check_same_shape, fill_masked
+from lrft.algo._tensor import (
+    as_mask,
+    below_resolution,
+    check_2d,
+    check_same_shape,
+    fill_masked,
+)
 from lrft.algo.registry import register_advantage_estimator
 from lrft.algo.types import AdvantageParams, Advantages, RewardBatch
 
@@ -40,30 +48,46 @@ def group_sizes(group_ids: Tensor) -> Tensor:
     return sizes
 
 
-def group_mean(scores: Tensor, group_ids: Tensor) -> Tensor:
-    """(B,): the mean score of each response's group."""
+def _group_moments(scores: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per response, in float64: its group's size, mean, and sum of squared deviations (m2).
+
+    Sums run in float64, whatever the scores' dtype: a float32 mean leaves rounding noise of
+    order 1e-7 in ``s - mean`` even when every score of the group is the same. The mean is then
+    clamped into the group's ``[min, max]``, where the exact mean lies, so a group of equal
+    scores has exactly that score as its mean and ``m2 == 0`` in any dtype.
+    """
+    values = scores.to(torch.float64)
     _, inverse, counts = torch.unique(
         group_ids.to(scores.device), return_inverse=True, return_counts=True
     )
-    sums = torch.zeros(counts.shape, dtype=scores.dtype, device=scores.device)
-    sums = sums.index_add(0, inverse, scores)
-    means: Tensor = (sums / counts.to(scores.dtype))[inverse]
-    return means
+    empty = values.new_zeros(counts.shape)
+    sums = empty.index_add(0, inverse, values)
+    lowest = torch.full_like(empty, torch.inf).scatter_reduce(0, inverse, values, reduce="amin")
+    highest = torch.full_like(empty, -torch.inf).scatter_reduce(0, inverse, values, reduce="amax")
+    sizes = counts.to(torch.float64)
+    means = torch.clamp(sums / sizes, min=lowest, max=highest)
+    m2 = empty.index_add(0, inverse, (values - means[inverse]) ** 2)
+    return sizes[inverse], means[inverse], m2[inverse]
+
+
+def group_mean(scores: Tensor, group_ids: Tensor) -> Tensor:
+    """(B,): the mean score of each response's group, in ``scores``' dtype.
+
+    Computed in float64; a group whose scores are all equal has exactly that score as mean.
+    """
+    _, means, _ = _group_moments(scores, group_ids)
+    return means.to(scores.dtype)
 
 
 def group_std(scores: Tensor, group_ids: Tensor, *, unbiased: bool) -> Tensor:
-    """(B,): the standard deviation of each response's group.
+    """(B,): the standard deviation of each response's group, in ``scores``' dtype.
 
     ``unbiased`` divides the squared deviations by ``n - 1`` (Bessel), otherwise by ``n``.
+    Computed in float64; exactly 0 for a group whose scores are all equal.
     """
-    _, inverse, counts = torch.unique(
-        group_ids.to(scores.device), return_inverse=True, return_counts=True
-    )
-    deviations = (scores - group_mean(scores, group_ids)) ** 2
-    sums = torch.zeros(counts.shape, dtype=scores.dtype, device=scores.device)
-    sums = sums.index_add(0, inverse, deviations)
-    divisor = (counts - 1 if unbiased else counts).clamp(min=1).to(scores.dtype)
-    return torch.sqrt(sums / divisor)[inverse]
+    sizes, _, m2 = _group_moments(scores, group_ids)
+    divisor = (sizes - 1 if unbiased else sizes).clamp(min=1)
+    return torch.sqrt(m2 / divisor).to(scores.dtype)
 
 
 def discounted_returns(token_rewards: Tensor, action_mask: Tensor, gamma: float) -> Tensor:
@@ -129,15 +153,34 @@ def _checked_groups(batch: RewardBatch, estimator: str) -> Tensor:
     return batch.group_ids
 
 
+class _Centred(NamedTuple):
+    """Per response, in float64: score minus group mean, group size, group m2."""
+
+    scores: Tensor
+    sizes: Tensor
+    m2: Tensor
+
+
+def _centred(batch: RewardBatch, estimator: str) -> _Centred:
+    """The checked groups' centred scores: the one centring every group estimator uses.
+
+    A group whose spread is below the resolution of the scores' dtype (``below_resolution``:
+    a root-mean-square deviation of at most ``RESOLUTION_ULPS`` machine epsilons of its mean)
+    carries no signal: its centred scores and its m2 are exactly 0, so no estimator divides
+    rounding noise by a standard deviation of the same size.
+    """
+    scores = batch.sequence_scores.detach()
+    sizes, means, m2 = _group_moments(scores, _checked_groups(batch, estimator))
+    flat = below_resolution(torch.sqrt(m2 / sizes), means, scores.dtype)
+    centred = torch.where(flat, 0.0, scores.to(torch.float64) - means)
+    return _Centred(scores=centred, sizes=sizes, m2=torch.where(flat, 0.0, m2))
+
+
 def _outcome(batch: RewardBatch, per_sequence: Tensor) -> Advantages:
-    per_token = broadcast_to_tokens(per_sequence, batch.action_mask)
+    per_token = broadcast_to_tokens(per_sequence.to(batch.token_rewards.dtype), batch.action_mask)
     return Advantages(
         advantages=per_token, returns=per_token.clone(), action_mask=batch.action_mask
     )
-
-
-def _scores(batch: RewardBatch) -> Tensor:
-    return batch.sequence_scores.detach()
 
 
 @register_advantage_estimator("gae", whiten=True, needs_values=True, reads=("gamma", "lambd"))
@@ -175,18 +218,14 @@ def rloo(batch: RewardBatch, params: AdvantageParams) -> Advantages:
 
     Computed as ``n / (n - 1) * (s_i - mean_group)``, which is the same number.
     """
-    groups = _checked_groups(batch, "rloo")
-    scores = _scores(batch)
-    n = group_sizes(groups).to(scores.dtype)
-    return _outcome(batch, n / (n - 1) * (scores - group_mean(scores, groups)))
+    centred = _centred(batch, "rloo")
+    return _outcome(batch, centred.sizes / (centred.sizes - 1) * centred.scores)
 
 
 @register_advantage_estimator("reinforce_baseline", whiten=True, needs_groups=True)
 def reinforce_baseline(batch: RewardBatch, params: AdvantageParams) -> Advantages:
     """REINFORCE++-baseline: A_i = s_i - mean_group(s), then global whitening (Hu 2025)."""
-    groups = _checked_groups(batch, "reinforce_baseline")
-    scores = _scores(batch)
-    return _outcome(batch, scores - group_mean(scores, groups))
+    return _outcome(batch, _centred(batch, "reinforce_baseline").scores)
 
 
 @register_advantage_estimator(
@@ -195,21 +234,16 @@ def reinforce_baseline(batch: RewardBatch, params: AdvantageParams) -> Advantage
 def group_norm(batch: RewardBatch, params: AdvantageParams) -> Advantages:
     """GRPO: A_i = (s_i - mean_group) / (std_group + eps), std with Bessel's correction
     (Shao et al. 2024, "DeepSeekMath"; the unbiased std as in OpenRLHF and verl)."""
-    groups = _checked_groups(batch, "group_norm")
-    scores = _scores(batch)
-    centred = scores - group_mean(scores, groups)
-    return _outcome(
-        batch, centred / (group_std(scores, groups, unbiased=True) + params.group_std_eps)
-    )
+    centred = _centred(batch, "group_norm")
+    std = torch.sqrt(centred.m2 / (centred.sizes - 1))
+    return _outcome(batch, centred.scores / (std + params.group_std_eps))
 
 
 @register_advantage_estimator("dr_grpo", whiten=False, needs_groups=True)
 def dr_grpo(batch: RewardBatch, params: AdvantageParams) -> Advantages:
     """Dr. GRPO: A_i = s_i - mean_group(s), no std division (Liu et al. 2025, "Understanding
     R1-Zero-Like Training"): dividing by the std over-weights prompts that are nearly solved."""
-    groups = _checked_groups(batch, "dr_grpo")
-    scores = _scores(batch)
-    return _outcome(batch, scores - group_mean(scores, groups))
+    return _outcome(batch, _centred(batch, "dr_grpo").scores)
 
 
 @register_advantage_estimator(
@@ -219,9 +253,8 @@ def cpgd(batch: RewardBatch, params: AdvantageParams) -> Advantages:
     """CPGD: A_i = w_i (s_i - mean_group); ``std`` weight w = 1 / (population std + eps),
     ``equal`` weight w = 1 (Liu et al. 2025, "CPGD: Toward Stable Rule-based Reinforcement
     Learning for Language Models"). Pair it with the ``cpgd`` policy loss."""
-    groups = _checked_groups(batch, "cpgd")
-    scores = _scores(batch)
-    centred = scores - group_mean(scores, groups)
-    if params.cpgd_weight == "std":
-        centred = centred / (group_std(scores, groups, unbiased=False) + params.group_std_eps)
-    return _outcome(batch, centred)
+    centred = _centred(batch, "cpgd")
+    if params.cpgd_weight == "equal":
+        return _outcome(batch, centred.scores)
+    std = torch.sqrt(centred.m2 / centred.sizes)
+    return _outcome(batch, centred.scores / (std + params.group_std_eps))

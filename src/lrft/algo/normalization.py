@@ -7,8 +7,13 @@ is already marked, so no path can whiten twice. Nothing else in lrft rescales ad
 policy losses take them as given.
 
 Whitening: ``A' = (A - mean) / (std + eps)`` over every valid token of the batch, ``std`` with
-Bessel's correction. Under data parallelism the batch is global: pass ``reduce_moments`` (or
-``moments``) so that every rank whitens with the statistics of all ranks.
+Bessel's correction, computed in float64. Under data parallelism the batch is global: pass
+``reduce_moments`` (or ``moments``) so that every rank whitens with the statistics of all ranks.
+
+A batch whose advantages agree to within the rounding resolution of their dtype
+(:meth:`RunningMoments.below_resolution`) carries no signal and whitens to exactly 0: dividing
+its rounding noise by a standard deviation of the same size would make advantages of order one.
+The statistics are global, so every rank takes the same decision.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import attrs
+import torch
 
 from lrft.algo._tensor import fill_masked
 from lrft.algo.registry import advantage_estimators
@@ -40,8 +46,9 @@ def normalize_advantages(
 ) -> Advantages:
     """The normalisation stage: whiten when ``whiten`` is true, and mark the result normalised.
 
-    ``moments`` are the whitening statistics; by default those of ``result`` itself. Returns are
-    never rescaled (they are the critic's regression target). Raises ``ValueError`` if ``result``
+    ``moments`` are the whitening statistics; by default those of ``result`` itself. A batch they
+    find :meth:`~RunningMoments.below_resolution` whitens to exactly 0. Returns are never
+    rescaled (they are the critic's regression target). Raises ``ValueError`` if ``result``
     already went through this stage.
     """
     if result.normalized:
@@ -51,7 +58,12 @@ def normalize_advantages(
     if not whiten:
         return attrs.evolve(result, normalized=True)
     stats = advantage_moments(result) if moments is None else moments
-    whitened = (result.advantages - stats.mean) / (stats.sample_std + eps)
+    advantages = result.advantages
+    if stats.below_resolution(advantages.dtype):
+        whitened = torch.zeros_like(advantages)
+    else:
+        scale = stats.sample_std + eps
+        whitened = ((advantages.to(torch.float64) - stats.mean) / scale).to(advantages.dtype)
     return attrs.evolve(
         result, advantages=fill_masked(whitened, result.action_mask), normalized=True
     )

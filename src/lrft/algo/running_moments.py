@@ -20,6 +20,7 @@ import attrs
 import torch
 from torch import Tensor
 
+from lrft.algo._tensor import resolution
 from lrft.api import validators as c
 
 
@@ -46,7 +47,9 @@ class RunningMoments:
         count = int(flat.numel())
         if count == 0:
             return cls()
-        mean = flat.mean()
+        # The exact mean lies in [min, max]: clamping a rounded one back keeps a set of equal
+        # values at exactly their value, with m2 == 0, whatever their dtype.
+        mean = flat.mean().clamp(min=flat.min(), max=flat.max())
         m2 = ((flat - mean) ** 2).sum()
         return cls(count=count, mean=float(mean.item()), m2=float(m2.item()))
 
@@ -90,6 +93,12 @@ class RunningMoments:
     def sample_std(self) -> float:
         return math.sqrt(self.sample_variance)
 
+    def below_resolution(self, dtype: torch.dtype) -> bool:
+        """Whether the values agree to within the rounding resolution of ``dtype``: their
+        root-mean-square deviation is at most ``resolution(dtype) * |mean|`` (always true for
+        equal values, and for fewer than two). Such values carry no spread to normalise by."""
+        return math.sqrt(self.variance) <= resolution(dtype) * abs(self.mean)
+
     def to_tensor(self, device: torch.device | str | None = None) -> Tensor:
         """``[count, mean, m2]`` in float64, for ``all_gather``; inverse of :meth:`from_tensor`."""
         return torch.tensor(
@@ -107,9 +116,14 @@ class RunningMoments:
         """``(values - mean) / (std + eps)`` (``values / (std + eps)`` without centring).
 
         ``std`` is the Bessel-corrected standard deviation. Used for running reward
-        normalisation: rewards are scaled by statistics of every reward seen so far.
+        normalisation: rewards are scaled by statistics of every reward seen so far. When the
+        statistics are :meth:`below_resolution` for ``values``' dtype there is no spread to
+        scale by: centred values are exactly 0 and uncentred ones are returned unscaled, where
+        dividing by ``eps`` alone would multiply them (and their rounding noise) by ``1 / eps``.
         """
         if self.count == 0:
             raise ValueError("cannot normalise with empty statistics (count == 0); update first")
+        if self.below_resolution(values.dtype):
+            return torch.zeros_like(values) if subtract_mean else values.clone()
         centred = values - self.mean if subtract_mean else values
         return centred / (self.sample_std + eps)

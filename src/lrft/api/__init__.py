@@ -1,4 +1,5 @@
-"""lrft's typed contracts: Protocols, value types, capabilities and errors (torch only)."""
+"""lrft's typed contracts: Protocols, value types, capabilities, errors and the definition of a
+tensor digest (torch only)."""
 
 from lrft.api.capabilities import (
     EngineCapabilities,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lrft.api.errors import ConfigError, LrftError
+from lrft.api.redaction import redact
 from lrft.bench import flops
 from lrft.bench.assets import model_folder, prompt_file
 from lrft.bench.ceilings import synchronize
@@ -228,7 +229,7 @@ def _summary(
         ),
         "peak_memory_mib": max(peaks) if peaks else None,
         "reward_mean_last": records[-1][1]["train/reward_mean"],
-        "train_config": {key: _plain(value) for key, value in config.as_dict().items()},
+        "train_config": {key: _plain(value) for key, value in redact(config.as_dict()).items()},
     }
 
 

@@ -2,8 +2,8 @@
 
 Every flag maps to one :class:`~lrft.trainer.TrainConfig` field of the same name; ``--config``
 reads a JSON or YAML file of the same keys (the command line wins). The config is built and
-validated (including the world-size rules, read from torchrun's environment) before any
-process group starts.
+validated (including the world-size rules, read from torchrun's environment, and the model
+folders, prompt files and credential variables it names) before any process group starts.
 """
 
 from __future__ import annotations
@@ -11,17 +11,28 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from lrft.api.errors import ConfigError, LrftError
+from lrft.api.errors import CollectiveTimeout, ConfigError, LrftError
+from lrft.api.redaction import redact
 from lrft.cli.bench import add_bench_parser, bench_main
-from lrft.cli.flags import FLAGS, Flag
+from lrft.cli.flags import FLAGS, Flag, FlagGroup, shown_default
 from lrft.trainer.config import TrainConfig
+from lrft.trainer.progress import library_bars_allowed, silence_library_bars
+
+_DECIMAL = r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|inf|infinity|nan"
+NEGATIVE_NUMBERS = re.compile(rf"^-({_DECIMAL})(,[-+]?({_DECIMAL}))*$", re.IGNORECASE)
+"""A negative number, exponent included, or a comma-separated list that starts with one
+(``--reward_weights -1,2``). argparse (3.11, 3.12) takes ``-1e-4`` for an option and refuses
+``--actor_learning_rate -1e-4`` with its own message; with this matcher the value parses and
+the config validator names the rule it breaks."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,34 +40,41 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
         "train",
+        usage="%(prog)s [-h] [--config FILE] [--FLAG VALUE ...]",
         help="RL fine-tuning under torchrun; with no --pretrain, the built-in demo",
         description="Colocated RL fine-tuning (fsdp2 trainer + hf engine + direct weight sync). "
-        "With no --pretrain it trains the built-in demo (a tiny model learning addition).",
+        "With no --pretrain it trains the built-in demo (a tiny model learning addition). "
+        "Each flag shows its default, and the demo's where the demo sets another.",
     )
+    train._negative_number_matcher = NEGATIVE_NUMBERS
     train.add_argument(
         "--config", type=Path, default=None, help="a JSON or YAML file of these same keys"
     )
+    sections = {group: train.add_argument_group(group.value) for group in FlagGroup}
     for flag in FLAGS:
-        _add(train, flag)
+        _add(sections[flag.group], flag)
     add_bench_parser(commands)  # listed in `lrft --help`; `lrft bench` is parsed by bench_main
     return parser
 
 
-def _add(parser: argparse.ArgumentParser, flag: Flag) -> None:
+def _add(section: argparse._ArgumentGroup, flag: Flag) -> None:
+    # The config supplies every default (the demo's and presets' among them), so argparse keeps
+    # none (SUPPRESS: an absent flag is absent from the namespace); the help shows them instead.
     name = f"--{flag.name}"
+    text = f"{flag.help} [{shown_default(flag)}]".replace("%", "%%")
     if flag.kind is bool:
-        parser.add_argument(
-            name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=flag.help
+        section.add_argument(
+            name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text
         )
         return
-    parser.add_argument(
+    section.add_argument(
         name,
         type=flag.kind,
         choices=flag.choices,
         default=argparse.SUPPRESS,
         metavar=flag.metavar,
         nargs=flag.nargs,
-        help=flag.help,
+        help=text,
     )
 
 
@@ -117,7 +135,32 @@ def _single_process_env() -> None:
         os.environ.setdefault(name, value)
 
 
+EXIT_CONFIG_ERROR = 2
+"""``lrft train``'s exit code for a configuration error (under torchrun, see :func:`main`)."""
+EXIT_COLLECTIVE_TIMEOUT = 3
+"""``lrft train``'s exit code when a collective timed out (a rank stalled or died)."""
+
+
+def _fail(line: str) -> None:
+    """Print ``line`` (secrets hidden) and hand it to torchrun for its failure summary."""
+    line = redact(line)
+    print(line, file=sys.stderr, flush=True)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")  # set by torchrun for each worker
+    if error_file:
+        # The format torchrun's error handler writes; its summary then shows this line as the
+        # root cause instead of "To enable traceback see: ...".
+        info = {"py_callstack": line, "timestamp": str(int(time.time()))}
+        Path(error_file).write_text(json.dumps({"message": {"message": line, "extraInfo": info}}))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """``lrft`` from the command line; returns the exit code.
+
+    A configuration error prints one line and returns 2; a collective timeout one line and 3;
+    any other failure prints a line and raises (exit code 1, with the traceback). torchrun itself
+    exits with 1 whenever a worker fails: the worker's own code is in its summary's ``Root Cause``
+    (``exitcode : 2``), with the line printed here as its ``traceback``.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         return bench_main(argv)
@@ -125,24 +168,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = config_from_args(argv)
         config.validate_world(world_size_from_env())
+        config.validate_inputs()
     except ConfigError as error:
-        print(f"lrft: configuration error: {error}", file=sys.stderr)
-        return 2
+        _fail(f"lrft: configuration error: {error}")
+        return EXIT_CONFIG_ERROR
     _single_process_env()
+    if not library_bars_allowed(rank=int(rank), requested=config.progress_bar, stream=sys.stderr):
+        silence_library_bars()  # before any model, dataset or engine is loaded
     from lrft.trainer.build import build_trainer
 
     try:
         trainer = build_trainer(config)
         result = trainer.fit()
     except ConfigError as error:
-        print(f"lrft: rank {rank}: configuration error: {error}", file=sys.stderr, flush=True)
-        return 2
+        _fail(f"lrft: rank {rank}: configuration error: {error}")
+        return EXIT_CONFIG_ERROR
+    except CollectiveTimeout as error:
+        _fail(f"lrft: {error}")
+        return EXIT_COLLECTIVE_TIMEOUT
     except (LrftError, RuntimeError, OSError) as error:
-        print(
-            f"lrft: rank {rank} failed: {type(error).__name__}: {error}",
-            file=sys.stderr,
-            flush=True,
-        )
+        _fail(f"lrft: rank {rank} failed: {type(error).__name__}: {error}")
         raise
     if result.first_eval and result.last_eval and trainer.rank == 0:
         print(

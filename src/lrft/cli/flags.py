@@ -1,7 +1,13 @@
-"""The flags of ``lrft train``: one per :class:`~lrft.trainer.TrainConfig` field, same name."""
+"""The flags of ``lrft train``: one per :class:`~lrft.trainer.TrainConfig` field, same name.
+
+Each flag declares the :class:`FlagGroup` that ``lrft train --help`` lists it under (a flag
+without one cannot be built), and the help shows each flag's default as :func:`shown_default`
+renders it: the TrainConfig default, and the built-in demo's where the demo sets another.
+"""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -10,17 +16,36 @@ import attrs
 from lrft.algo import AGGREGATION_MODES, kl_estimators, policy_losses
 from lrft.presets import PRESET_NAMES
 from lrft.trainer.config import ENGINE_MAX_TP, HF_DECODE_PATHS, TrainConfig, supported_estimators
+from lrft.trainer.demo import DEMO_CRITIC_SETTINGS, DEMO_SETTINGS
+
+
+class FlagGroup(enum.Enum):
+    """The sections of ``lrft train --help``, in the order shown; the value is the title."""
+
+    MODEL_AND_DATA = "model and data"
+    REWARDS = "rewards"
+    ROLLOUT = "rollout and sampling"
+    ENGINE = "rollout engine"
+    ALGORITHM = "algorithm (advantages, KL, policy loss)"
+    CRITIC = "critic (PPO, with --advantage_estimator gae)"
+    TRAINING = "training"
+    BACKEND = "train backend (FSDP2, DeepSpeed) and collectives"
+    OUTPUT = "outputs, checkpoints, evaluation and logging"
 
 
 @attrs.frozen(kw_only=True)
 class Flag:
     name: str
+    group: FlagGroup
+    """Where ``--help`` lists the flag; required, so that no flag is left out of the listing."""
     kind: Callable[[str], Any]
     help: str
     choices: Sequence[str] | None = None
     metavar: str | tuple[str, ...] | None = None
     nargs: int | None = None
     """How many values the flag takes (``None``: one)."""
+    computed_default: str | None = None
+    """How ``--help`` states a default that TrainConfig computes from other settings."""
 
 
 def _optional_int(text: str) -> int | None:
@@ -30,11 +55,13 @@ def _optional_int(text: str) -> int | None:
 FLAGS: tuple[Flag, ...] = (
     Flag(
         name="pretrain",
+        group=FlagGroup.MODEL_AND_DATA,
         kind=str,
-        help="Hugging Face model folder to train (default: the built-in demo, which also brings its data and reward; with --preset, the preset's model)",
+        help="Hugging Face model folder to train (unset: the built-in demo, which also brings its data and reward; with --preset, the preset's model)",
     ),
     Flag(
         name="preset",
+        group=FlagGroup.MODEL_AND_DATA,
         kind=str,
         choices=PRESET_NAMES,
         help="a built-in job on a real model: smollm2 trains SmolLM2-135M-Instruct on arithmetic word problems with the math reward "
@@ -42,45 +69,80 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         name="cache_dir",
+        group=FlagGroup.MODEL_AND_DATA,
         kind=str,
-        help="where presets keep converted models (default: $XDG_CACHE_HOME/lrft, else ~/.cache/lrft)",
+        help="where presets keep converted models (unset: $XDG_CACHE_HOME/lrft, else ~/.cache/lrft)",
     ),
     Flag(
         name="prompt_data",
+        group=FlagGroup.MODEL_AND_DATA,
         kind=str,
         help="training prompts: .jsonl/.json/.parquet file or datasets folder",
     ),
     Flag(
         name="eval_dataset",
+        group=FlagGroup.MODEL_AND_DATA,
         kind=str,
         help="held-out prompts, scored greedily at every --eval_steps and at the end",
     ),
-    Flag(name="input_key", kind=str, help="column holding the prompt (default: input)"),
-    Flag(name="label_key", kind=str, help="column passed to the reward as the sample's label"),
     Flag(
-        name="reference_key", kind=str, help="column passed to the reward as the reference answer"
+        name="input_key",
+        group=FlagGroup.MODEL_AND_DATA,
+        kind=str,
+        help="column holding the prompt",
+    ),
+    Flag(
+        name="label_key",
+        group=FlagGroup.MODEL_AND_DATA,
+        kind=str,
+        help="column passed to the reward as the sample's label",
+    ),
+    Flag(
+        name="reference_key",
+        group=FlagGroup.MODEL_AND_DATA,
+        kind=str,
+        help="column passed to the reward as the reference answer",
     ),
     Flag(
         name="apply_chat_template",
+        group=FlagGroup.MODEL_AND_DATA,
         kind=bool,
         help="format prompts with the tokenizer's chat template",
     ),
-    Flag(name="input_template", kind=str, help="template with one {} for the prompt text"),
+    Flag(
+        name="input_template",
+        group=FlagGroup.MODEL_AND_DATA,
+        kind=str,
+        help="template with one {} for the prompt text",
+    ),
     Flag(
         name="prompt_max_len",
+        group=FlagGroup.MODEL_AND_DATA,
         kind=int,
         help="drop (and count) prompts with more tokens; never truncates",
     ),
-    Flag(name="max_samples", kind=int, help="read only the first N training rows"),
-    Flag(name="eval_max_samples", kind=int, help="read only the first N held-out rows"),
+    Flag(
+        name="max_samples",
+        group=FlagGroup.MODEL_AND_DATA,
+        kind=int,
+        help="read only the first N training rows",
+    ),
+    Flag(
+        name="eval_max_samples",
+        group=FlagGroup.MODEL_AND_DATA,
+        kind=int,
+        help="read only the first N held-out rows",
+    ),
     Flag(
         name="reward_fn",
+        group=FlagGroup.REWARDS,
         kind=str,
         metavar="math|MODULE:FUNCTION",
         help="reward: 'math' (math-verify against --reference_key) or MODULE:FUNCTION scoring one RewardSample (or a RewardFn object)",
     ),
     Flag(
         name="reward_pretrain",
+        group=FlagGroup.REWARDS,
         kind=str,
         metavar="PATH[,PATH...]",
         help="reward models: sequence-classification folders with one label, scoring prompt + response; "
@@ -88,48 +150,85 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         name="remote_rm_url",
+        group=FlagGroup.REWARDS,
         kind=str,
         metavar="URL[,URL...]",
         help="reward services: one JSON POST per batch (docs/rewards-and-data.md has the format)",
     ),
     Flag(
         name="remote_rm_timeout_s",
+        group=FlagGroup.REWARDS,
         kind=float,
-        help="seconds each reward-service request may take (default 30; needs --remote_rm_url)",
+        help="seconds each reward-service request may take (needs --remote_rm_url)",
     ),
     Flag(
         name="remote_rm_max_attempts",
+        group=FlagGroup.REWARDS,
         kind=int,
-        help="tries per batch when a reward service times out or answers 408, 429 or 5xx (default 3; needs --remote_rm_url)",
+        help="tries per batch when a reward service times out or answers 408, 429 or 5xx (needs --remote_rm_url)",
+    ),
+    Flag(
+        name="remote_rm_auth_env",
+        group=FlagGroup.REWARDS,
+        kind=str,
+        metavar="NAME[,NAME...]",
+        help="environment variables, one per --remote_rm_url, whose values go to that service as "
+        "'Authorization: Bearer <value>' (an empty entry: no header); the token itself is never "
+        "given on the command line, saved or logged",
     ),
     Flag(
         name="reward_weights",
+        group=FlagGroup.REWARDS,
         kind=str,
         metavar="W[,W...]",
-        help="one weight per reward, in the order reward_fn, reward_pretrain..., remote_rm_url...; the score is the weighted sum (default: all 1)",
+        help="one weight per reward, in the order reward_fn, reward_pretrain..., remote_rm_url...; the score is the weighted sum (unset: all 1)",
     ),
-    Flag(name="n_samples_per_prompt", kind=int, help="responses sampled per prompt (a group)"),
-    Flag(name="rollout_batch_size", kind=int, help="prompts per iteration, over all ranks"),
+    Flag(
+        name="n_samples_per_prompt",
+        group=FlagGroup.ROLLOUT,
+        kind=int,
+        help="responses sampled per prompt (a group)",
+    ),
+    Flag(
+        name="rollout_batch_size",
+        group=FlagGroup.ROLLOUT,
+        kind=int,
+        help="prompts per iteration, over all ranks",
+    ),
     Flag(
         name="micro_rollout_batch_size",
+        group=FlagGroup.ROLLOUT,
         kind=int,
         help="prompts per generate chunk and sequences per logprob or reward-model forward (per rank)",
     ),
-    Flag(name="generate_max_len", kind=int, help="maximum new tokens per response"),
+    Flag(
+        name="generate_max_len",
+        group=FlagGroup.ROLLOUT,
+        kind=int,
+        help="maximum new tokens per response",
+    ),
     Flag(
         name="temperature",
+        group=FlagGroup.ROLLOUT,
         kind=float,
         help="sampling temperature (> 0) of training rollouts and of the policy's logprobs",
     ),
-    Flag(name="top_p", kind=float, help="nucleus sampling threshold of training rollouts"),
+    Flag(
+        name="top_p",
+        group=FlagGroup.ROLLOUT,
+        kind=float,
+        help="nucleus sampling threshold of training rollouts",
+    ),
     Flag(
         name="engine_type",
+        group=FlagGroup.ENGINE,
         kind=str,
         choices=tuple(ENGINE_MAX_TP),
         help="rollout engine: hf (transformers, built in) or vllm (pip install 'lrft[vllm]')",
     ),
     Flag(
         name="hf_decode",
+        group=FlagGroup.ENGINE,
         kind=str,
         choices=HF_DECODE_PATHS,
         help="the hf engine's decoding path: auto (compiled on CUDA, else generate), generate "
@@ -139,102 +238,146 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         name="engine_tp_size",
+        group=FlagGroup.ENGINE,
         kind=int,
         help="tensor-parallel size of the engine (consecutive ranks); the world size must divide "
         "by it (hf: 1)",
     ),
     Flag(
         name="engine_mem_util",
+        group=FlagGroup.ENGINE,
         kind=float,
         help="vllm only: share of the rank's device memory for the engine (vLLM "
-        "gpu_memory_utilization; default 0.5). On CPU: share of host memory the rank's process "
-        "may reach, KV cache included (ranks x share <= 1; default 0.5 split over the ranks); "
+        "gpu_memory_utilization; unset: 0.5). On CPU: share of host memory the rank's process "
+        "may reach, KV cache included (ranks x share <= 1; unset: 0.5 split over the ranks); "
         "not with VLLM_CPU_KVCACHE_SPACE",
     ),
     Flag(
         name="enable_engine_sleep",
+        group=FlagGroup.ENGINE,
         kind=bool,
         help="sleep the engine outside rollouts and keep the reference and reward models offloaded outside their passes",
     ),
     Flag(
         name="train_batch_size",
+        group=FlagGroup.TRAINING,
         kind=int,
         help="samples per optimizer step, over all ranks; must divide rollout_batch_size * n_samples_per_prompt",
     ),
     Flag(
         name="micro_train_batch_size",
+        group=FlagGroup.TRAINING,
         kind=int,
         help="samples per forward/backward per rank (gradient accumulation fills train_batch_size)",
     ),
     Flag(
         name="max_tokens_per_micro_batch",
+        group=FlagGroup.TRAINING,
         kind=int,
         help="pack each optimizer step's samples (policy and, with gae, critic) into "
         "forward/backward passes of at most this many padded tokens per rank (samples x longest) "
         "instead of micro_train_batch_size samples; the loss is still aggregated over "
-        "micro_train_batch_size groups, so gradients do not change (default: off)",
+        "micro_train_batch_size groups, so gradients do not change (unset: off)",
     ),
-    Flag(name="max_epochs", kind=int, help="policy epochs over each iteration's experience"),
-    Flag(name="num_episodes", kind=int, help="passes over the training prompts"),
+    Flag(
+        name="max_epochs",
+        group=FlagGroup.TRAINING,
+        kind=int,
+        help="policy epochs over each iteration's experience",
+    ),
+    Flag(
+        name="num_episodes",
+        group=FlagGroup.TRAINING,
+        kind=int,
+        help="passes over the training prompts",
+    ),
     Flag(
         name="max_steps",
+        group=FlagGroup.TRAINING,
         kind=_optional_int,
-        help="stop after N iterations (default: num_episodes passes)",
+        help="stop after N iterations (unset: num_episodes passes)",
     ),
-    Flag(name="actor_learning_rate", kind=float, help="AdamW learning rate"),
-    Flag(name="l2", kind=float, help="AdamW weight decay"),
-    Flag(name="max_norm", kind=float, help="gradient-norm clip (0: off)"),
+    Flag(
+        name="actor_learning_rate", group=FlagGroup.TRAINING, kind=float, help="AdamW learning rate"
+    ),
+    Flag(name="l2", group=FlagGroup.TRAINING, kind=float, help="AdamW weight decay"),
+    Flag(name="max_norm", group=FlagGroup.TRAINING, kind=float, help="gradient-norm clip (0: off)"),
     Flag(
         name="advantage_estimator",
+        group=FlagGroup.ALGORITHM,
         kind=str,
         choices=supported_estimators(),
         help="advantage estimator; gae (PPO) trains a critic alongside the actor",
     ),
-    Flag(name="eps_clip", kind=float, help="PPO ratio clip"),
+    Flag(name="eps_clip", group=FlagGroup.ALGORITHM, kind=float, help="PPO ratio clip"),
     Flag(
         name="gamma",
+        group=FlagGroup.ALGORITHM,
         kind=float,
-        help="discount per response token, for gae, reinforce and reinforce++ (default 1)",
+        help="discount per response token, for gae, reinforce and reinforce++ (unset: 1)",
     ),
-    Flag(name="lambd", kind=float, help="GAE lambda, for gae only (default 0.95)"),
+    Flag(
+        name="lambd",
+        group=FlagGroup.ALGORITHM,
+        kind=float,
+        help="GAE lambda, for gae only (unset: 0.95)",
+    ),
     Flag(
         name="critic_pretrain",
+        group=FlagGroup.CRITIC,
         kind=str,
         help="the critic's initial weights: a causal LM folder (new value head) or a saved critic "
-        "(default: --pretrain); gae only",
+        "(unset: --pretrain); gae only",
     ),
     Flag(
         name="critic_learning_rate",
+        group=FlagGroup.CRITIC,
         kind=float,
-        help="the critic's AdamW learning rate (default 9e-6; --l2 and --max_norm apply too); gae only",
+        help="the critic's AdamW learning rate (unset: 9e-6; --l2 and --max_norm apply too); gae only",
     ),
     Flag(
         name="value_clip",
+        group=FlagGroup.CRITIC,
         kind=float,
         help="PPO value clip: how far new values may move from the experience pass's before the "
-        "value loss stops rewarding it (0: off; default 0.2); gae only",
+        "value loss stops rewarding it (0: off; unset: 0.2); gae only",
     ),
     Flag(
         name="init_kl_coef",
+        group=FlagGroup.ALGORITHM,
         kind=float,
         help="KL coefficient against a frozen reference model (0: no reference model)",
     ),
-    Flag(name="kl_estimator", kind=str, choices=kl_estimators.names(), help="KL estimator"),
-    Flag(name="use_kl_loss", kind=bool, help="KL in the loss (GRPO) instead of in the reward"),
+    Flag(
+        name="kl_estimator",
+        group=FlagGroup.ALGORITHM,
+        kind=str,
+        choices=kl_estimators.names(),
+        help="KL estimator",
+    ),
+    Flag(
+        name="use_kl_loss",
+        group=FlagGroup.ALGORITHM,
+        kind=bool,
+        help="KL in the loss (GRPO) instead of in the reward",
+    ),
     Flag(
         name="normalize_reward",
+        group=FlagGroup.REWARDS,
         kind=bool,
         help="scale rewards by running statistics all-gathered across ranks (kept in checkpoints)",
     ),
     Flag(
         name="policy_loss_type",
+        group=FlagGroup.ALGORITHM,
         kind=str,
         choices=policy_losses.names(),
         help="policy loss: ppo (token ratio clip), gspo (clipped sequence ratio), gmpo (geometric "
-        "mean of clipped token ratios), cpgd (clipped log-ratio); default ppo",
+        "mean of clipped token ratios), cpgd (clipped log-ratio)",
     ),
     Flag(
         name="eps_clip_low_high",
+        group=FlagGroup.ALGORITHM,
         kind=float,
         nargs=2,
         metavar=("LOW", "HIGH"),
@@ -243,86 +386,110 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         name="dual_clip",
+        group=FlagGroup.ALGORITHM,
         kind=float,
         help="dual-clip PPO constant c > 1: a negative-advantage token's loss is at most -A c "
         "(ppo only)",
     ),
     Flag(
         name="loss_agg_mode",
+        group=FlagGroup.ALGORITHM,
         kind=str,
         choices=AGGREGATION_MODES,
-        help="how token losses become the loss (default token-mean; seq-mean-token-sum-norm "
+        help="how token losses become the loss (unset: token-mean; seq-mean-token-sum-norm "
         "divides by --generate_max_len); token-level losses only (not gspo, gmpo)",
     ),
     Flag(
         name="entropy_loss_coef",
+        group=FlagGroup.ALGORITHM,
         kind=float,
         help="entropy bonus: the loss gets - coef x entropy (aggregated like the loss); 0 logs "
-        "policy/entropy only; default: entropy not computed",
+        "policy/entropy only; unset: entropy not computed",
     ),
     Flag(
         name="high_entropy_token_ratio",
+        group=FlagGroup.ALGORITHM,
         kind=float,
         help="train only on this top fraction of each micro-batch's tokens by entropy (e.g. 0.2); "
-        "0 (default): every token; token-level losses only",
+        "0: every token; token-level losses only",
     ),
     Flag(
         name="use_tis",
+        group=FlagGroup.ALGORITHM,
         kind=bool,
         help="truncated importance sampling: weight each token's loss by min(exp(old - engine "
         "logprob), --tis_cap), with the engine's own logprobs of the rollout",
     ),
-    Flag(name="tis_cap", kind=float, help="the TIS weight cap (default 2; needs --use_tis)"),
+    Flag(
+        name="tis_cap",
+        group=FlagGroup.ALGORITHM,
+        kind=float,
+        help="the TIS weight cap (unset: 2; needs --use_tis)",
+    ),
     Flag(
         name="overlong_buffer_len",
+        group=FlagGroup.ALGORITHM,
         kind=int,
         help="DAPO overlong shaping: responses longer than generate_max_len - N lose up to "
-        "--overlong_penalty_factor of reward, linearly over the last N tokens (default: off)",
+        "--overlong_penalty_factor of reward, linearly over the last N tokens (unset: off)",
     ),
     Flag(
         name="overlong_penalty_factor",
+        group=FlagGroup.ALGORITHM,
         kind=float,
-        help="the overlong penalty at generate_max_len (default 1; needs --overlong_buffer_len)",
+        help="the overlong penalty at generate_max_len (unset: 1; needs --overlong_buffer_len)",
     ),
     Flag(
         name="use_fire_sampling",
+        group=FlagGroup.ROLLOUT,
         kind=bool,
         help="FIRE: sample each response's first token at --fire_first_token_temperature and the "
         "rest at --temperature; logprobs use the same temperatures",
     ),
     Flag(
         name="fire_first_token_temperature",
+        group=FlagGroup.ROLLOUT,
         kind=float,
-        help="FIRE's first-token temperature (default 10; needs --use_fire_sampling)",
+        help="FIRE's first-token temperature (unset: 10; needs --use_fire_sampling)",
     ),
     Flag(
         name="dynamic_sampling",
+        group=FlagGroup.ROLLOUT,
         kind=bool,
         help="DAPO dynamic sampling: drop prompts whose responses all score the same and refill "
         "the batch with further prompts (up to --max_num_gen_batches generate rounds)",
     ),
     Flag(
         name="max_num_gen_batches",
+        group=FlagGroup.ROLLOUT,
         kind=int,
-        help="generate rounds per iteration with --dynamic_sampling, the first included (default "
+        help="generate rounds per iteration with --dynamic_sampling, the first included (unset: "
         "4); when they run out the batch is completed with dropped groups",
     ),
-    Flag(name="gradient_checkpointing", kind=bool, help="recompute activations in backward"),
+    Flag(
+        name="gradient_checkpointing",
+        group=FlagGroup.TRAINING,
+        kind=bool,
+        help="recompute activations in backward",
+    ),
     Flag(
         name="fsdp_cpu_offload",
+        group=FlagGroup.BACKEND,
         kind=bool,
         help="keep FSDP2 parameters, gradients and optimizer state on the host",
     ),
     Flag(
         name="fsdp_reshard_after_forward",
+        group=FlagGroup.BACKEND,
         kind=bool,
         help="free each FSDP2 layer's gathered weights after its forward and gather them again "
-        "for its backward (default); --no-fsdp_reshard_after_forward keeps them until the backward: "
+        "for its backward; --no-fsdp_reshard_after_forward keeps them until the backward: "
         "one all-gather per layer and micro-batch instead of two, holding a full compute-dtype copy of "
         "each trained model (policy, critic) during its update",
     ),
     Flag(
         name="fsdp_defer_gradient_sync",
+        group=FlagGroup.BACKEND,
         kind=bool,
         help="with several micro-batches per optimizer step, reduce FSDP2 gradients (and gather "
         "weights) once per step instead of once per micro-batch, holding unsharded fp32 gradients "
@@ -330,59 +497,93 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         name="zero_stage",
+        group=FlagGroup.BACKEND,
         kind=int,
         choices=None,
         help="train with DeepSpeed ZeRO stage 1, 2 or 3 instead of FSDP2 (pip install 'lrft[deepspeed]')",
     ),
     Flag(
         name="deepspeed_config",
+        group=FlagGroup.BACKEND,
         kind=str,
         help="DeepSpeed JSON merged into the config lrft generates (needs --zero_stage); conflicting keys are an error",
     ),
     Flag(
         name="adam_offload",
+        group=FlagGroup.BACKEND,
         kind=bool,
         help="keep optimizer state on the host outside the policy phase",
     ),
-    Flag(name="seed", kind=int, help="seed of data order, rollouts and shuffling"),
+    Flag(
+        name="seed",
+        group=FlagGroup.TRAINING,
+        kind=int,
+        help="seed of data order, rollouts and shuffling",
+    ),
     Flag(
         name="save_path",
+        group=FlagGroup.OUTPUT,
         kind=str,
         help="output folder of one run: metrics.jsonl, hf_model/, curves.png, tensorboard/, "
         "run.json (a folder holding another run's outputs is refused)",
     ),
-    Flag(name="ckpt_path", kind=str, help="checkpoint folder (default: SAVE_PATH/checkpoints)"),
-    Flag(name="save_steps", kind=int, help="checkpoint every N iterations (-1: never)"),
-    Flag(name="max_ckpt_num", kind=int, help="checkpoints kept (oldest removed)"),
+    Flag(
+        name="ckpt_path",
+        group=FlagGroup.OUTPUT,
+        kind=str,
+        help="checkpoint folder (unset: SAVE_PATH/checkpoints)",
+    ),
+    Flag(
+        name="save_steps",
+        group=FlagGroup.OUTPUT,
+        kind=int,
+        help="checkpoint every N iterations (-1: never)",
+    ),
+    Flag(
+        name="max_ckpt_num",
+        group=FlagGroup.OUTPUT,
+        kind=int,
+        help="checkpoints kept (oldest removed)",
+    ),
     Flag(
         name="load_checkpoint",
+        group=FlagGroup.OUTPUT,
         kind=bool,
         help="resume from the latest complete checkpoint in ckpt_path; its settings must match "
         "but for the run's length, paths, cadences, logging, memory and speed settings",
     ),
     Flag(
         name="overwrite_output",
+        group=FlagGroup.OUTPUT,
         kind=bool,
         help="start a new run in a save_path (or ckpt_path) that holds another run's outputs, "
         "removing exactly lrft's outputs there first (metrics, TensorBoard logs, curves, "
         "trajectories, W&B files, hf_model, checkpoints); without it such a run is refused",
     ),
     Flag(
-        name="eval_steps", kind=int, help="evaluate every N iterations (-1: at start and end only)"
+        name="eval_steps",
+        group=FlagGroup.OUTPUT,
+        kind=int,
+        help="evaluate every N iterations (-1: at start and end only)",
     ),
     Flag(
         name="save_hf_model",
+        group=FlagGroup.OUTPUT,
         kind=bool,
         help="export the final weights to SAVE_PATH/hf_model (safetensors)",
     ),
     Flag(
         name="use_tensorboard",
+        group=FlagGroup.OUTPUT,
         kind=bool,
         help="also write the metrics as TensorBoard scalars under SAVE_PATH/tensorboard "
-        "(pip install 'lrft[plots]'; default: on for the built-in demo and presets when tensorboard is installed)",
+        "(pip install 'lrft[plots]')",
+        computed_default="on for the built-in demo and presets when tensorboard is installed, "
+        "else off",
     ),
     Flag(
         name="use_wandb",
+        group=FlagGroup.OUTPUT,
         kind=bool,
         help="also log the config and metrics to Weights & Biases from rank 0 (pip install "
         "'lrft[wandb]'); the API key comes from WANDB_API_KEY or `wandb login`, never from a flag; "
@@ -390,43 +591,87 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         name="wandb_project",
+        group=FlagGroup.OUTPUT,
         kind=str,
-        help="W&B project (default: lrft; needs --use_wandb)",
+        help="W&B project (unset: lrft; needs --use_wandb)",
     ),
     Flag(
         name="wandb_org",
+        group=FlagGroup.OUTPUT,
         kind=str,
-        help="W&B entity (user or team) owning the run (default: the account's; needs --use_wandb)",
+        help="W&B entity (user or team) owning the run (unset: the account's; needs --use_wandb)",
     ),
-    Flag(name="wandb_group", kind=str, help="W&B run group (needs --use_wandb)"),
+    Flag(
+        name="wandb_group",
+        group=FlagGroup.OUTPUT,
+        kind=str,
+        help="W&B run group (needs --use_wandb)",
+    ),
     Flag(
         name="wandb_run_name",
+        group=FlagGroup.OUTPUT,
         kind=str,
-        help="W&B run display name (default: chosen by W&B; needs --use_wandb)",
+        help="W&B run display name (unset: chosen by W&B; needs --use_wandb)",
     ),
     Flag(
         name="progress_bar",
+        group=FlagGroup.OUTPUT,
         kind=bool,
-        help="draw a progress bar on rank 0 when stdout is a terminal (default: on); "
-        "--no-progress_bar, or a non-terminal stdout, prints one line per step instead",
+        help="draw a progress bar on rank 0 when stdout is a terminal; "
+        "--no-progress_bar, or a non-terminal stdout, prints one line per step instead. "
+        "Libraries' own bars (model loading, export, vLLM) appear only on rank 0, with this on "
+        "and stderr a terminal",
     ),
     Flag(
         name="save_trajectories",
+        group=FlagGroup.OUTPUT,
         kind=bool,
         help="write every sample of each iteration (texts, token counts, reward, advantage) "
         "to SAVE_PATH/trajectories/step_<k>.jsonl",
     ),
     Flag(
         name="save_trajectories_steps",
+        group=FlagGroup.OUTPUT,
         kind=int,
-        help="with --save_trajectories, only every N iterations (default: every iteration)",
+        help="with --save_trajectories, only every N iterations (unset: every iteration)",
     ),
     Flag(
         name="collective_timeout_s",
+        group=FlagGroup.BACKEND,
         kind=float,
-        help="seconds a rank waits on a collective before failing",
+        help="seconds a rank waits at a collective for the slowest rank before it fails, naming its "
+        "phase, step and the other ranks' (exit code 3; default 600: longer than a rank's longest "
+        "solo stretch, such as generation skew, reward-service retries, a first compile); a "
+        "silent (stopped or dead) rank is reported after half of it, at most 60 s",
     ),
 )
 
 _fields = {field.name for field in attrs.fields(TrainConfig)}
 assert {flag.name for flag in FLAGS} == _fields, sorted(_fields ^ {f.name for f in FLAGS})
+
+
+def _text(value: object) -> str:
+    """A default as ``--help`` shows it: ``on``/``off``, ``unset`` for ``None``, lists by commas."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value is None:
+        return "unset"
+    if isinstance(value, tuple | list):
+        return ",".join(map(str, value)) if value else "none"
+    return str(value)
+
+
+def shown_default(flag: Flag) -> str:
+    """``default: X`` for ``flag`` (its TrainConfig default), followed by ``; demo: Y`` where
+    the built-in demo sets another value (``demo with gae`` for its critic settings). A default
+    TrainConfig computes from other settings is shown as the flag's ``computed_default``."""
+    default = attrs.fields_dict(TrainConfig)[flag.name].default
+    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]  # attrs.Factory is a class
+        if flag.computed_default is None:
+            raise TypeError(f"flag {flag.name}: its default is computed; give computed_default")
+        return f"default: {flag.computed_default}"
+    text = f"default: {_text(default)}"
+    for label, settings in (("demo", DEMO_SETTINGS), ("demo with gae", DEMO_CRITIC_SETTINGS)):
+        if flag.name in settings and settings[flag.name] != default:
+            text += f"; {label}: {_text(settings[flag.name])}"
+    return text

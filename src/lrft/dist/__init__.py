@@ -1,4 +1,5 @@
-"""Distributed primitives: torchrun's environment, rollout topology, start-up, collectives."""
+"""Distributed primitives: torchrun's environment, rollout topology, start-up, collectives,
+and the phase watch that names a stalled rank."""
 
 from lrft.dist.collectives import (
     GenerateFn,
@@ -13,10 +14,12 @@ from lrft.dist.collectives import (
 from lrft.dist.init import DEFAULT_TIMEOUT, backend_for, init_distributed
 from lrft.dist.layout import RolloutGroups, RolloutLayout
 from lrft.dist.rank import RankInfo
+from lrft.dist.watchdog import PhaseWatch, is_collective_timeout
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "GenerateFn",
+    "PhaseWatch",
     "RankInfo",
     "RolloutGroups",
     "RolloutLayout",
@@ -26,6 +29,7 @@ __all__ = [
     "backend_for",
     "broadcast_object",
     "init_distributed",
+    "is_collective_timeout",
     "mean_over_ranks",
     "sum_over_ranks",
     "tp_group_generate",

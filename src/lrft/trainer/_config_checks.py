@@ -7,6 +7,7 @@ number of ranks is known. Each error names the values and the rule.
 
 from __future__ import annotations
 
+import urllib.parse
 from typing import TYPE_CHECKING
 
 import attrs
@@ -14,6 +15,8 @@ import torch
 
 from lrft.algo import PolicyLossInputs, advantage_estimators, policy_losses
 from lrft.api.errors import ConfigError
+from lrft.api.redaction import redact
+from lrft.rewards.retry import retry_backoff_s
 from lrft.trainer.wandb_metrics import WANDB_EXTRA, wandb_available
 
 if TYPE_CHECKING:
@@ -85,9 +88,24 @@ def check_reward_settings(config: TrainConfig) -> None:
             "remote_rm_url need --pretrain or --preset"
         )
     if not config.remote_rm_url:
-        for name in ("remote_rm_timeout_s", "remote_rm_max_attempts"):
+        for name in ("remote_rm_timeout_s", "remote_rm_max_attempts", "remote_rm_auth_env"):
             if getattr(config, name) != _default(config, name):
                 raise ConfigError(f"{name} applies to remote_rm_url, which is not set")
+    if config.remote_rm_auth_env and len(config.remote_rm_auth_env) != len(config.remote_rm_url):
+        raise ConfigError(
+            f"remote_rm_auth_env has {len(config.remote_rm_auth_env)} entries for "
+            f"{len(config.remote_rm_url)} remote_rm_url: give one variable name per URL, in "
+            "order (an empty entry sends that service no header), so no token goes to a "
+            "service it was not meant for"
+        )
+    for url, variable in zip(config.remote_rm_url, config.remote_rm_auth_env, strict=False):
+        if variable and urllib.parse.urlsplit(url).username is not None:
+            raise ConfigError(
+                f"remote_rm_url entry {redact(url)!r} has credentials in it (user:password@) "
+                f"and remote_rm_auth_env names {variable} for it: both would set its "
+                "Authorization header; give one"
+            )
+    _check_remote_wait(config)
     if config.reward_weights is not None and len(config.reward_weights) != config.reward_count:
         raise ConfigError(
             f"reward_weights has {len(config.reward_weights)} entries for {config.reward_count} "
@@ -98,6 +116,28 @@ def check_reward_settings(config: TrainConfig) -> None:
         raise ConfigError(
             f"cache_dir {config.cache_dir!r} is where presets keep converted models; "
             "it needs --preset"
+        )
+
+
+def remote_wait_s(config: TrainConfig) -> float:
+    """How long the reward services keep a rank in the rewards phase when none answers: each
+    tries ``remote_rm_max_attempts`` times, ``remote_rm_timeout_s`` each, with the client's
+    backoff between tries; the services are called one after the other."""
+    attempts, timeout = config.remote_rm_max_attempts, config.remote_rm_timeout_s
+    waits = sum(retry_backoff_s(failed) for failed in range(1, attempts))
+    return len(config.remote_rm_url) * (attempts * timeout + waits)
+
+
+def _check_remote_wait(config: TrainConfig) -> None:
+    # The other ranks wait at the next collective while one rank retries its POSTs: a timeout
+    # shorter than that would fail a job whose service is only slow.
+    if config.remote_rm_url and config.collective_timeout_s <= remote_wait_s(config):
+        raise ConfigError(
+            f"collective_timeout_s {config.collective_timeout_s:g} must exceed the "
+            f"{remote_wait_s(config):g} s that {len(config.remote_rm_url)} reward service(s) may "
+            f"take when none answers ({config.remote_rm_max_attempts} attempts x "
+            f"remote_rm_timeout_s {config.remote_rm_timeout_s:g}, plus backoff, each): the "
+            "other ranks wait that long at the next collective"
         )
 
 

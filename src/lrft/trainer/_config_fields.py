@@ -15,9 +15,11 @@ import attrs
 
 from lrft.algo import AGGREGATION_MODES, advantage_estimators, kl_estimators, policy_losses
 from lrft.api.errors import ConfigError
+from lrft.api.redaction import redact
 from lrft.api.validators import optional, positive_int
 from lrft.presets import PRESET_NAMES
 from lrft.trainer._config_engine import ENGINE_MAX_TP, HF_DECODE_PATHS
+from lrft.trainer._config_inputs import ENV_NAME
 
 
 def _is_number(value: object) -> bool:
@@ -45,6 +47,13 @@ def _unit_interval(_: object, attribute: attrs.Attribute[Any], value: float) -> 
 def _fraction(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if not _is_number(value) or not 0.0 < value <= 1.0:
         raise ConfigError(f"{attribute.name} must be in (0, 1], got {value!r}")
+
+
+def every_n_or_never(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not (value == -1 or value > 0):
+        raise ConfigError(
+            f"{attribute.name} must be a positive number of iterations or -1, got {value!r}"
+        )
 
 
 optional_positive = optional(positive)
@@ -132,11 +141,18 @@ def wandb_switch(_: object, attribute: attrs.Attribute[Any], value: object) -> N
         )
 
 
+def redacted_repr(value: object) -> str:
+    """The field's ``repr`` with URL credentials hidden (attrs' ``repr=`` hook)."""
+    return repr(redact(value))
+
+
 def http_urls(_: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
     for url in value:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise ConfigError(f"{attribute.name} entry {url!r} must be an http:// or https:// URL")
+            raise ConfigError(
+                f"{attribute.name} entry {redact(url)!r} must be an http:// or https:// URL"
+            )
 
 
 # converters ---------------------------------------------------------------------------------
@@ -161,7 +177,7 @@ def _items(value: str | list[str] | tuple[str, ...] | None, name: str) -> tuple[
     stripped = tuple(str(item).strip() for item in items)
     if any(not item for item in stripped):
         raise ConfigError(
-            f"{name} {value!r} has an empty entry; separate entries with single commas"
+            f"{name} {redact(value)!r} has an empty entry; separate entries with single commas"
         )
     return stripped
 
@@ -172,6 +188,24 @@ def reward_paths(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, 
 
 def reward_urls(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
     return _items(value, "remote_rm_url")
+
+
+def auth_env_names(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """``remote_rm_auth_env``: variable names, one per URL; an empty entry sends no header."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = tuple(str(item).strip() for item in items)
+    for name in names:
+        if name and ENV_NAME.fullmatch(name) is None:
+            raise ConfigError(
+                f"remote_rm_auth_env entry {name!r} is not an environment variable name "
+                "(letters, digits and _, not starting with a digit): give the variable's name, "
+                "never the token itself"
+            )
+    if names and not any(names):
+        raise ConfigError(f"remote_rm_auth_env {value!r} names no variable")
+    return names
 
 
 def weights(value: str | list[float] | tuple[float, ...] | None) -> tuple[float, ...] | None:

@@ -24,7 +24,7 @@ from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync.direct import DirectSync
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
 from lrft.data import PromptDataConfig, PromptDataset, load_prompt_dataset
-from lrft.dist import RankInfo, RolloutLayout, init_distributed
+from lrft.dist import PhaseWatch, RankInfo, RolloutLayout, init_distributed
 from lrft.rewards import RewardFn
 from lrft.trainer import checkpoint as ckpt
 from lrft.trainer import demo
@@ -215,8 +215,8 @@ def _check_resume(config: TrainConfig) -> None:
 
 
 def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLTrainer:
-    """Check the run's folders and settings, then start the process group (with the configured
-    collective timeout) and build everything."""
+    """Check the run's folders, settings and files, then start the process group (with the
+    configured collective timeout) and its phase watch, and build everything."""
     info = rank_info if rank_info is not None else RankInfo.from_env()
     config.validate_world(info.world_size)
     if config.engine_type == "vllm":
@@ -228,9 +228,24 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
         config = demo.demo_config(config, info.rank)
     assert config.pretrain is not None
     assert config.prompt_data is not None
+    config.validate_inputs()
     _check_resume(config)
     check_reward_settings(config)
     init_distributed(info, timeout=timedelta(seconds=config.collective_timeout_s))
+    watch = PhaseWatch.for_default_group(config.collective_timeout_s)
+    watch.start()
+    try:
+        with watch.phase("build"):
+            return _build(config, info, watch)
+    except BaseException:
+        watch.close(failed=True)
+        raise
+
+
+def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
+    """Everything ``build_trainer`` makes once the process group is up. Collective."""
+    assert config.pretrain is not None
+    assert config.prompt_data is not None
     torch.manual_seed(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(config.pretrain)
     train_data = _data(config, config.prompt_data, tokenizer, config.max_samples)
@@ -297,4 +312,5 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
         # A backend that moves no parameters (FSDP2 cpu_offload) keeps them on the host already.
         offload_reference=config.enable_engine_sleep
         and ModelPart.PARAMETERS in backend.capabilities.offload,
+        watch=watch,
     )

@@ -15,13 +15,14 @@ import logging
 import resource
 import time
 from collections.abc import Callable, Collection, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TypeVar
 
 import torch
 
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, WeightSync
 from lrft.api.types import EnginePart, ModelPart, SyncReport
+from lrft.dist.watchdog import PhaseWatch
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -55,8 +56,8 @@ class Colocation:
     ``offload_reference``: the reference model lives on the host except during its pass.
     ``offload_optimizer``: the actor's optimizer state lives on the host except during the
     policy phase. ``critic_offload``: the parts of the critic (value-based estimators) that live
-    on the host except during its values pass (parameters) and its epochs (all of them). Each
-    phase runs inside :meth:`phase`, which records its wall time and the memory at its end into
+    on the host except during its values pass (parameters) and its epochs (all of them). ``watch``
+    is told each phase, so that a collective timeout names it. Each phase runs inside :meth:`phase`, which records its wall time and the memory at its end into
     :attr:`records` (``time/<phase>_s``, ``memory/<phase>_mb``), and on CUDA the peak allocated
     inside the phase (``memory/<phase>_peak_mb``). On CUDA a phase's time includes the device
     work it queued (the device is synchronised at its end). Rollouts also record the engine's
@@ -76,8 +77,10 @@ class Colocation:
         offload_optimizer: bool,
         critic: TrainableModel | None = None,
         critic_offload: Collection[ModelPart] = (),
+        watch: PhaseWatch | None = None,
     ) -> None:
         self.engine = engine
+        self.watch = watch
         self.actor = actor
         self.reference = reference
         self.weight_sync = sync
@@ -102,7 +105,9 @@ class Colocation:
         if on_cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         start = time.perf_counter()
-        yield
+        # The watch names this phase in a collective timeout and in the peers' stall reports.
+        with self.watch.phase(name) if self.watch is not None else nullcontext():
+            yield
         if on_cuda:
             # Kernels queued in this phase would otherwise be billed to the next one.
             torch.cuda.synchronize(self.device)

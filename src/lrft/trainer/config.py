@@ -38,6 +38,7 @@ from lrft.trainer._config_engine import (
     vllm_available,
 )
 from lrft.trainer._config_engine import engine_memory_share as _engine_memory_share
+from lrft.trainer._config_inputs import validate_inputs
 from lrft.trainer.metrics import PLOTS_EXTRA, tensorboard_available
 
 __all__ = [
@@ -101,20 +102,26 @@ class TrainConfig:
     reference_key: str | None = None
     apply_chat_template: bool = False
     input_template: str | None = None
-    prompt_max_len: int | None = None
-    max_samples: int | None = None
-    eval_max_samples: int | None = None
+    prompt_max_len: int | None = attrs.field(default=None, validator=f.optional_positive)
+    max_samples: int | None = attrs.field(default=None, validator=f.optional_positive)
+    eval_max_samples: int | None = attrs.field(default=None, validator=f.optional_positive)
     reward_fn: str | None = None
     """``math`` (math-verify on ``reference_key``) or ``module:function``; demo: exact match."""
     reward_pretrain: tuple[str, ...] = attrs.field(default=(), converter=f.reward_paths)
     """Scalar reward models (``*ForSequenceClassification`` folders with one label), scoring
     prompt + response; given as a list or LightRFT's comma-separated string."""
     remote_rm_url: tuple[str, ...] = attrs.field(
-        default=(), converter=f.reward_urls, validator=f.http_urls
+        default=(), converter=f.reward_urls, validator=f.http_urls, repr=f.redacted_repr
     )
-    """Reward services (JSON over HTTP, see :mod:`lrft.rewards.remote`), one POST per batch."""
+    """Reward services (JSON over HTTP, see :mod:`lrft.rewards.remote`), one POST per batch.
+    Credentials in them (``user:password@``, ``?token=...``) are hidden wherever lrft shows or
+    saves the config; ``remote_rm_auth_env`` keeps them off the command line."""
     remote_rm_timeout_s: float = attrs.field(default=30.0, validator=f.positive_float)
     remote_rm_max_attempts: int = attrs.field(default=3, validator=f.positive)
+    remote_rm_auth_env: tuple[str, ...] = attrs.field(default=(), converter=f.auth_env_names)
+    """Names of environment variables, one per ``remote_rm_url``, whose values are sent as
+    ``Authorization: Bearer <value>`` to that service (an empty entry: no header). The config
+    holds only the names; the values are read on each rank when the rewards are built."""
     reward_weights: tuple[float, ...] | None = attrs.field(default=None, converter=f.weights)
     """One weight per reward, in the order reward_fn, reward_pretrain..., remote_rm_url...; the
     score is their weighted sum. Unset: every weight 1."""
@@ -221,7 +228,8 @@ class TrainConfig:
     # bookkeeping -----------------------------------------------------------------------------
     save_path: str = "./lrft_output"
     ckpt_path: str | None = None
-    save_steps: int = -1
+    save_steps: int = attrs.field(default=-1, validator=f.every_n_or_never)
+    """Checkpoint every N iterations; -1: never."""
     max_ckpt_num: int = attrs.field(default=3, validator=f.positive)
     load_checkpoint: bool = False
     """Resume from the newest complete checkpoint in ``checkpoint_dir``; its settings must
@@ -230,7 +238,8 @@ class TrainConfig:
     """Start a new run over another run's outputs in ``save_path`` and ``checkpoint_dir``,
     removing exactly those outputs first (:mod:`lrft.trainer.outputs`); without it such a run
     is refused."""
-    eval_steps: int = -1
+    eval_steps: int = attrs.field(default=-1, validator=f.every_n_or_never)
+    """Evaluate every N iterations; -1: at the start and the end only."""
     save_hf_model: bool = True
     use_tensorboard: bool = attrs.field(
         default=attrs.Factory(_tensorboard_default, takes_self=True)
@@ -262,6 +271,11 @@ class TrainConfig:
     save_trajectories_steps: int | None = attrs.field(default=None, validator=f.optional_positive)
     """With ``save_trajectories``: only every N iterations (unset: every iteration)."""
     collective_timeout_s: float = attrs.field(default=600.0, validator=f.positive_float)
+    """How long a rank waits at a collective for the slowest rank before it fails with a
+    ``CollectiveTimeout`` naming its phase, its step and the other ranks' (exit code 3). It bounds
+    what one rank may do while the others wait: a longer generation, a reward service's retries
+    (checked), a first compile, the rank that writes the export. A stopped or dead rank is
+    reported after half of it (60 s at most), see :mod:`lrft.dist.watchdog`."""
 
     def __attrs_post_init__(self) -> None:
         # The order decides which error a config with several faults reports.
@@ -287,6 +301,13 @@ class TrainConfig:
     def validate_world(self, world_size: int) -> None:
         """The rules that depend on the number of ranks; raises ``ConfigError`` naming each."""
         checks.validate_world(self, world_size)
+
+    def validate_inputs(self) -> None:
+        """The rules that read this machine: every model folder (``pretrain``,
+        ``reward_pretrain``, ``critic_pretrain``) has a config, weights and (but the critic's)
+        tokenizer files, the prompt files and ``deepspeed_config`` exist, and the
+        ``remote_rm_auth_env`` variables are set. Raises ``ConfigError`` naming the flag, the path and what is missing."""
+        validate_inputs(self)
 
     def engine_memory_share(
         self, *, local_world_size: int, on_cuda: bool, environ: Mapping[str, str] = os.environ

@@ -4,10 +4,18 @@ A bar redraws itself with carriage returns, which a log file or a pipe keeps as 
 line; so the bar is drawn only when the stream is a terminal (and ``progress_bar`` is on), and
 every other case prints one plain line per step. Messages (evaluations, checkpoints) go through
 :meth:`Console.say`, which prints them above the bar instead of through it.
+
+The libraries lrft runs draw bars of their own on stderr (transformers' "Loading weights" and
+"Writing model shards", datasets' and the hub's, the GGUF conversion of the smollm2 preset,
+vLLM's weight loading), on every rank. :func:`library_bars_allowed` lets them draw only where a
+bar of lrft's own could be read: rank 0, ``progress_bar`` on, stderr a terminal;
+:func:`silence_library_bars` turns them off everywhere else.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any, TextIO
@@ -27,6 +35,56 @@ def is_terminal(stream: TextIO) -> bool:
 def use_progress_bar(requested: bool, stream: TextIO) -> bool:
     """Whether to draw a bar on ``stream``: asked for, and ``stream`` is a terminal."""
     return requested and is_terminal(stream)
+
+
+QUIET_ENVIRONMENT = {
+    "TQDM_DISABLE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+}
+"""The switches that turn library bars off: tqdm's own default (tqdm >= 4.66 reads ``TQDM_*``
+variables at import; a caller's explicit ``disable=`` still wins, hence the vllm adapter
+forwards it), and Hugging Face's, which transformers' bars follow. Child processes inherit
+them."""
+
+
+def library_bars_allowed(*, rank: int, requested: bool, stream: TextIO) -> bool:
+    """Whether libraries may draw their bars on ``stream`` (their stderr) on this rank."""
+    return rank == 0 and requested and is_terminal(stream)
+
+
+def silence_library_bars() -> None:
+    """Turn library progress bars off in this process and the processes it starts.
+
+    The variables reach modules imported later and child processes; a Hugging Face library
+    already imported has read them at import, so its own switch is flipped too.
+    """
+    os.environ.update(QUIET_ENVIRONMENT)
+    _disable_imported_tqdm()
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils.tqdm import disable_progress_bars
+
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # unannotated there
+    if "datasets" in sys.modules:  # optional and untyped: reached through the loaded module
+        sys.modules["datasets"].disable_progress_bars()
+
+
+def _disable_imported_tqdm() -> None:
+    # tqdm (>= 4.66) reads TQDM_* once, when it is imported, into keyword defaults of
+    # tqdm.__init__ (a functools.partialmethod). lrft's own imports have imported it by now, so
+    # the variable alone would reach child processes only: add the same default here. A
+    # caller's explicit disable= still wins, as it does over TQDM_DISABLE.
+    from tqdm import std
+
+    init = std.tqdm.__dict__.get("__init__")
+    if isinstance(init, functools.partialmethod):
+        std.tqdm.__init__ = functools.partialmethod(  # type: ignore[method-assign, assignment]  # see above
+            init.func, *init.args, **{**init.keywords, "disable": True}
+        )
 
 
 def phase_seconds(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -86,6 +144,7 @@ class Console:
                 unit="step",
                 file=self.stream,
                 dynamic_ncols=True,
+                disable=False,  # decided above; TQDM_DISABLE (set for libraries) must not veto it
             )
 
     def step(self, step: int, total: int, metrics: Mapping[str, float], elapsed: float) -> None:

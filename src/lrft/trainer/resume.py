@@ -58,6 +58,7 @@ RESUMABLE_SETTINGS = frozenset(
         "remote_rm_url",
         "remote_rm_timeout_s",
         "remote_rm_max_attempts",
+        "remote_rm_auth_env",
         # memory placement and speed, documented as not changing the result
         "enable_engine_sleep",
         "engine_mem_util",

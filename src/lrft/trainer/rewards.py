@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -79,6 +80,16 @@ def check_reward_settings(config: TrainConfig) -> None:
             )
     if config.remote_rm_url and importlib.util.find_spec("httpx") is None:
         raise ConfigError(f"remote_rm_url needs the httpx package: {REWARDS_EXTRA}")
+
+
+def auth_headers(variable: str) -> dict[str, str]:
+    """The header that carries the token in environment variable ``variable`` (none for "")."""
+    if not variable:
+        return {}
+    token = os.environ.get(variable)
+    if not token:
+        raise ConfigError(f"--remote_rm_auth_env {variable}: the variable is not set or empty")
+    return {"Authorization": f"Bearer {token}"}
 
 
 def _num_labels(model_config: dict[str, object]) -> int:
@@ -209,14 +220,17 @@ def build_reward(config: TrainConfig, backend: TrainBackend, labels: Iterable[st
     if config.remote_rm_url:
         from lrft.rewards.remote import RemoteReward
 
-        for url, name in zip(
-            config.remote_rm_url, _names("remote", len(config.remote_rm_url)), strict=True
+        count = len(config.remote_rm_url)
+        variables = config.remote_rm_auth_env or ("",) * count
+        for url, name, variable in zip(
+            config.remote_rm_url, _names("remote", count), variables, strict=True
         ):
             rewards.append(
                 RemoteReward(
                     url=url,
                     timeout_s=config.remote_rm_timeout_s,
                     max_attempts=config.remote_rm_max_attempts,
+                    headers=auth_headers(variable),
                     name=name,
                 )
             )

@@ -16,9 +16,10 @@ import lrft
 from lrft.algo import RunningMoments
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, WeightSync
+from lrft.api.redaction import redact
 from lrft.api.types import ModelPart
 from lrft.data import DistributedPromptSampler, PromptDataset, eval_indices
-from lrft.dist import mean_over_ranks, sum_over_ranks
+from lrft.dist import PhaseWatch, mean_over_ranks, sum_over_ranks
 from lrft.trainer import checkpoint as ckpt
 from lrft.trainer.colocation import Colocation
 from lrft.trainer.config import TrainConfig
@@ -56,7 +57,8 @@ class RLTrainer:
     required exactly when the estimator is value-based (``config.uses_critic``);
     ``critic_offload`` names the critic's parts kept on the host outside its phases, and
     ``offload_reference`` keeps the reference's parameters on the host outside its pass (only
-    for a backend that declares parameter offload).
+    for a backend that declares parameter offload). ``watch`` is told every phase and step, so a
+    collective timeout names them (default: a watch over the default group, started here).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class RLTrainer:
         critic: TrainableModel | None = None,
         critic_offload: Collection[ModelPart] = (),
         offload_reference: bool = False,
+        watch: PhaseWatch | None = None,
     ) -> None:
         if (critic is not None) != config.uses_critic:
             raise ConfigError(
@@ -95,6 +98,10 @@ class RLTrainer:
         self.eval_data = eval_data
         self.device = device
         self.export = export
+        if watch is None:
+            watch = PhaseWatch.for_default_group(config.collective_timeout_s)
+            watch.start()
+        self.watch = watch
         self.colocation = Colocation(
             engine=engine,
             actor=actor,
@@ -106,6 +113,7 @@ class RLTrainer:
             offload_optimizer=config.adam_offload,
             critic=critic,
             critic_offload=critic_offload,
+            watch=watch,
         )
         self.sampler = DistributedPromptSampler(
             num_samples=len(train_data),
@@ -205,7 +213,11 @@ class RLTrainer:
         """One iteration (DESIGN.md steps 1-11); returns rank-averaged metrics. Collective."""
         col, maker, n = self.colocation, self.maker, self.config.n_samples_per_prompt
         col.begin_iteration()
-        refill = self.dynamic_rollout() if self.config.dynamic_sampling else None
+        self.watch.begin_step(self.step + 1)
+        refill = None
+        if self.config.dynamic_sampling:
+            with self.watch.phase("dynamic_sampling"):
+                refill = self.dynamic_rollout()
         if refill is None:
             prompts = self.train_data.select(self.sampler.next_batch().indices)
             params = attrs.evolve(maker.sampling, seed=self.rollout_seed(self.step))
@@ -259,7 +271,8 @@ class RLTrainer:
                 decode=maker.decode,
                 kl_estimator=maker.kl_estimator,
             )
-            self.trajectories.write(self.step, records)
+            with self.watch.phase("trajectories"):
+                self.trajectories.write(self.step, records)
         lengths = sequences.action_mask.sum(-1).float()
         # Over every response generated: under dynamic sampling the trained batch is a filtered
         # subset, which would misreport how well the policy does.
@@ -277,7 +290,8 @@ class RLTrainer:
             **(critic_metrics or {}),
             **col.records,
         }
-        return mean_over_ranks(local)
+        with self.watch.phase("metrics"):
+            return mean_over_ranks(local)
 
     def _shaping_metrics(self, scores: torch.Tensor, shaped: torch.Tensor) -> dict[str, float]:
         if self.config.overlong_buffer_len is None:
@@ -310,7 +324,7 @@ class RLTrainer:
         manifest: dict[str, Any] = {
             "consumed_samples": self.sampler.total_consumed_samples,
             "sampler": self.sampler.state_dict(),
-            "config": self.config.as_dict(),
+            "config": redact(self.config.as_dict()),
             "lrft_version": lrft.__version__,
             "reward_moments": attrs.asdict(self.maker.reward_moments),
             "data_fingerprint": self.train_data.fingerprint,
@@ -320,7 +334,7 @@ class RLTrainer:
             # restarting in a new run.
             "wandb_run_id": None if self.metrics.wandb is None else self.metrics.wandb.run_id,
         }
-        with self.colocation.optimizer_resident():
+        with self.watch.phase("checkpoint"), self.colocation.optimizer_resident():
             return ckpt.save_checkpoint(
                 Path(self.config.checkpoint_dir),
                 step=self.step,
@@ -363,15 +377,18 @@ class RLTrainer:
     def fit(self) -> FitResult:
         """All iterations, evaluations, checkpoints and the export. Collective."""
         try:
-            result = self._fit()
+            with self.watch.phase("fit"):
+                result = self._fit()
         except BaseException:
             # The TensorBoard event file stays complete up to the last record, and W&B marks
             # the run failed instead of leaving it "running".
             self.console.close()
             self.metrics.close(failed=True)
+            self.watch.close(failed=True)
             raise
         self.console.close()
         self.metrics.close()
+        self.watch.close()
         return result
 
     def _fit(self) -> FitResult:
@@ -414,7 +431,8 @@ class RLTrainer:
         )
 
     def _evaluate_and_log(self) -> dict[str, float]:
-        values = self.evaluate()
+        with self.watch.phase("eval"):
+            values = self.evaluate()
         self.metrics.log(self.step, "eval", values)
         self._say(
             f"eval at step {self.step}: accuracy {values['eval/accuracy']:.3f}  "
@@ -425,7 +443,8 @@ class RLTrainer:
     def _finish(self) -> None:
         if self.export is not None:
             target = Path(self.config.save_path) / HF_MODEL_DIR
-            self.export(target)
+            with self.watch.phase("export"):
+                self.export(target)
             self._say(f"Hugging Face model written to {target}")
         if self.rank == 0 and self.metrics.path.exists():
             png = Path(self.config.save_path) / CURVES_FILE

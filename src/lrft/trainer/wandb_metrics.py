@@ -12,13 +12,16 @@ import importlib.util
 import os
 import secrets
 import string
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from lrft.api.errors import ConfigError
+from lrft.api.redaction import redact
 
 if TYPE_CHECKING:
     from wandb.sdk.wandb_run import Run
@@ -55,8 +58,21 @@ class WandbSettings:
     name: str | None = None
 
 
+@contextmanager
+def _redacted_argv() -> Iterator[None]:
+    """``sys.argv`` with URL credentials hidden for the block: wandb (0.31) records the command
+    line (``sys.argv[1:]``) in the run's metadata when the run starts."""
+    original = sys.argv
+    sys.argv = redact(list(original))
+    try:
+        yield
+    finally:
+        sys.argv = original
+
+
 class WandbMetrics:
-    """One W&B run: ``config`` as the run's config, each metric logged at its step.
+    """One W&B run: ``config`` as the run's config (URL credentials hidden by
+    :func:`lrft.api.redaction.redact`), each metric logged at its step.
 
     The run id is chosen at construction; :meth:`continue_run` replaces it with the id a
     checkpoint recorded, so a resumed job appends to the same run instead of starting a new
@@ -69,7 +85,7 @@ class WandbMetrics:
         if not wandb_available():
             raise ImportError(f"W&B logging needs the wandb package: {WANDB_EXTRA}")
         self.settings = settings
-        self.config = dict(config)
+        self.config = redact(dict(config))
         self.run_id = new_run_id()
         self._run: Run | None = None
 
@@ -95,16 +111,17 @@ class WandbMetrics:
             self.settings.directory.mkdir(parents=True, exist_ok=True)
             directory = str(self.settings.directory)
         try:
-            self._run = wandb.init(
-                project=self.settings.project,
-                entity=self.settings.entity,
-                group=self.settings.group,
-                name=self.settings.name,
-                id=self.run_id,
-                resume="allow",
-                config=self.config,
-                dir=directory,
-            )
+            with _redacted_argv():
+                self._run = wandb.init(
+                    project=self.settings.project,
+                    entity=self.settings.entity,
+                    group=self.settings.group,
+                    name=self.settings.name,
+                    id=self.run_id,
+                    resume="allow",
+                    config=self.config,
+                    dir=directory,
+                )
         except wandb.errors.Error as error:
             # Typically no credentials: say how to give them, not only what wandb missed.
             raise ConfigError(

@@ -41,6 +41,30 @@ def test_w1_is_the_workload_trl_was_measured_on() -> None:
     assert round(total_parameters(model) / 1e6) == 387
 
 
+def test_w2_is_the_workload_trl_w2_was_measured_on() -> None:
+    """The constants of the TRL reference script for W2: the Qwen2.5-1.5B shape, 16 prompts x 8
+    generations of 1024 tokens, prompts of 128 tokens, micro-batches of 16, one optimizer step
+    per 128 completions, 4 steps with the medians of steps 2-4."""
+    w2 = load_workload("w2")
+    model = w2.model
+    assert (model.hidden_size, model.num_hidden_layers, model.intermediate_size) == (1536, 28, 8960)
+    assert (model.num_attention_heads, model.num_key_value_heads) == (12, 2)
+    assert (model.vocab_size, model.tie_word_embeddings, model.saved_dtype) == (
+        151936,
+        True,
+        "bfloat16",
+    )
+    assert w2.grpo is not None
+    train = w2.grpo.train
+    assert train["rollout_batch_size"] * train["n_samples_per_prompt"] == 128
+    assert (train["generate_max_len"], train["micro_train_batch_size"]) == (1024, 16)
+    assert train["train_batch_size"] == 128
+    assert (train["init_kl_coef"], train["actor_learning_rate"]) == (0.0, 1e-6)
+    assert w2.grpo.prompts.tokens == 128
+    assert (w2.grpo.steps, w2.grpo.steady_from) == (4, 2)
+    assert round(total_parameters(model) / 1e7) == 154
+
+
 @pytest.mark.parametrize("name", BUILT_IN)
 def test_parameter_count_equals_the_transformers_model(name: str) -> None:
     spec = load_workload(name).model
@@ -127,7 +151,7 @@ def test_bad_workloads_are_named(tmp_path: Path, changes: dict[str, object], mes
 
 
 def test_unknown_workload_names_the_choices() -> None:
-    with pytest.raises(ConfigError, match=r"'nope' is neither a built-in one \(w1, qwen2-1.5b"):
+    with pytest.raises(ConfigError, match=r"'nope' is neither a built-in one \(w1, w2, qwen2-1.5b"):
         load_workload("nope")
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import logging
 import socket
 import threading
 import time
@@ -13,16 +15,20 @@ from typing import Any
 import pytest
 
 from lrft.rewards import RemoteReward, RewardError, RewardFn, RewardSample, compute_rewards
+from lrft.rewards.remote import RETRIES_METRIC
 
 Reply = tuple[int, Any]  # (status, JSON body); a body of type bytes is sent as it is
 
 
 class ScriptedServer:
-    """Answers the n-th POST with ``script(n, request_body)``; records every request."""
+    """Answers the n-th POST with ``script(n, request_body)``; records every request (its
+    body, its path and its headers with lower-case names)."""
 
     def __init__(self, script: Callable[[int, dict[str, Any]], Reply]) -> None:
         self.script = script
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.paths: list[str] = []
         self.times: list[float] = []
         self.release = threading.Event()  # lets slow handlers finish at teardown
         server = self
@@ -31,6 +37,8 @@ class ScriptedServer:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 server.times.append(time.monotonic())
+                server.headers.append({k.lower(): v for k, v in self.headers.items()})
+                server.paths.append(self.path)
                 server.requests.append(body)
                 status, reply = server.script(len(server.requests), body)
                 data = reply if isinstance(reply, bytes) else json.dumps(reply).encode()
@@ -103,6 +111,7 @@ def test_success_sends_the_wire_format_and_reads_scores_and_metrics(serve: Any) 
         output = compute_rewards(reward, BATCH)
     assert output.scores == (3.0, 6.0)
     assert output.metrics["has_reference"] == (1.0, 0.0)
+    assert output.metrics[RETRIES_METRIC] == (0.0, 0.0)
     assert server.requests == [
         {
             "samples": [
@@ -136,6 +145,60 @@ def test_a_server_that_fails_twice_then_succeeds(serve: Any) -> None:
     # exponential backoff: 0.05 s, then 0.1 s
     assert gaps[0] >= 0.05
     assert gaps[1] >= 0.10
+
+
+def test_a_500_then_a_200_is_logged_once_and_counted(
+    serve: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = serve(
+        lambda n, body: (500, {"error": "busy"}) if n == 1 else (200, length_scores(body))
+    )
+    caplog.set_level(logging.WARNING, logger="lrft.rewards.remote")
+    with client(server.url, max_attempts=3, backoff_s=0.05, name="judge") as reward:
+        output = compute_rewards(reward, BATCH)
+    assert output.scores == (3.0, 6.0)
+    assert output.metrics[RETRIES_METRIC] == (1.0, 1.0)  # one failed try before the answer
+    assert len(server.requests) == 2
+    retries = [r for r in caplog.records if r.name == "lrft.rewards.remote"]
+    assert [r.levelno for r in retries] == [logging.WARNING]
+    line = retries[0].getMessage()
+    assert "reward 'judge'" in line
+    assert "attempt 1 of 3 failed (HTTP 500)" in line
+    assert "retrying in 0.05 s" in line
+
+
+def test_secrets_in_the_url_and_a_key_header_reach_no_error_log_or_repr(
+    serve: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    password, token, key = "pw-5f1c", "tok-9a2e", "key-77d0"
+
+    def echo(n: int, body: dict[str, Any]) -> Reply:
+        # a service that echoes what it got, as some error pages do
+        seen = server.headers[-1]
+        return 503, {"seen": [seen["authorization"], seen["x-api-key"]], "query": token}
+
+    server = serve(echo)
+    port = server.url.split(":")[2].split("/")[0]
+    url = f"http://alice:{password}@127.0.0.1:{port}/score?task=math&access_token={token}"
+    caplog.set_level(logging.DEBUG)  # httpx logs each request's URL at INFO
+    with client(url, max_attempts=2, headers={"X-Api-Key": key}) as reward:
+        text = repr(reward)
+        with pytest.raises(RewardError) as info:
+            compute_rewards(reward, BATCH)
+    # the credentials did go out: the userinfo as basic auth, the query token, the header
+    basic = base64.b64encode(f"alice:{password}".encode()).decode()
+    assert server.headers[0]["authorization"] == f"Basic {basic}"
+    assert server.headers[0]["x-api-key"] == key
+    logged = "\n".join(record.getMessage() for record in caplog.records)
+    assert "HTTP Request: POST" in logged  # httpx's own line is there, redacted
+    for shown in (str(info.value), text, logged):
+        for secret in (password, token, key, basic):
+            assert secret not in shown, (secret, shown)
+    message = str(info.value)
+    assert "POST http://***@127.0.0.1:" in message
+    assert "task=math&access_token=***" in message
+    assert "Basic ***" in message  # the echoed headers, hidden
+    assert "attempt 1 of 2 failed (HTTP 503)" in logged
 
 
 def test_a_server_that_always_fails_gives_a_clear_error_after_the_last_try(serve: Any) -> None:

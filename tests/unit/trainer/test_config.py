@@ -273,6 +273,10 @@ def _non_default(name: str) -> list[str]:
             "--remote_rm_url=http://127.0.0.1:9/x",
             "--remote_rm_max_attempts=7",
         ],
+        "remote_rm_auth_env": [
+            "--remote_rm_url=http://127.0.0.1:9/x",
+            "--remote_rm_auth_env=RM_TOKEN",
+        ],
         "reward_weights": ["--reward_weights=0.5"],
     }
     if name in special:
@@ -304,7 +308,8 @@ def test_every_flag_changes_the_config_and_is_read_by_the_trainer(
         path.read_text()
         for path in Path(__file__).resolve().parents[3].joinpath("src/lrft/trainer").glob("*.py")
         # validation reads every field; what counts is a read outside it
-        if path.name not in ("config.py", "_config_fields.py", "_config_checks.py")
+        if path.name
+        not in ("config.py", "_config_fields.py", "_config_checks.py", "_config_inputs.py")
     )
     sources += (
         (Path(__file__).resolve().parents[3] / "src/lrft/trainer/config.py")

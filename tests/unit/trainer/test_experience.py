@@ -118,3 +118,27 @@ def test_replay_buffer_covers_every_row_once_in_a_seeded_order() -> None:
     for mb in buffer.micro_batches(3, epoch=0):  # rows keep their own tensors together
         assert mb.old_logprobs is not None
         assert mb.old_logprobs[:, 0].tolist() == mb.scores.tolist()
+
+
+@pytest.mark.parametrize("estimator", ["reinforce_baseline", "group_norm", "rloo", "dr_grpo"])
+def test_normalised_rewards_of_groups_that_all_score_alike_give_zero_advantages(
+    estimator: str,
+) -> None:
+    # --normalize_reward with binary rewards: one prompt solved by all 8 samples, two by none.
+    # The running normalisation maps them to 1.38 and -0.69 (float32), whose float32 group
+    # means were an ulp off; reinforce_baseline's whitening then made advantages up to 1.25.
+    maker = ExperienceMaker(
+        engine=None,  # type: ignore[arg-type]  # make() never touches the engine
+        decode=lambda ids: "",
+        reward=PerSampleReward(name="unused", score=lambda sample: 0.0),
+        sampling=SamplingParams(n=8),
+        estimator=estimator,
+        micro_batch_size=8,
+        device=torch.device("cpu"),
+        normalize_reward=True,
+    )
+    sequences = pack([_result([1, 2], [3 + i % 4] * (1 + i % 3), i % 8) for i in range(24)])
+    scores = torch.tensor([1.0] * 8 + [0.0] * 16)
+    batch = maker.make(sequences, scores, None, None)
+    assert maker.reward_moments.count == 24
+    assert torch.equal(batch.advantages, torch.zeros_like(batch.advantages))

@@ -3,13 +3,20 @@ otherwise; the bar reaches the total, also when a resumed run starts it part-way
 
 from __future__ import annotations
 
+import importlib
 import io
+import os
+from collections.abc import Iterator
+from types import ModuleType
 
 import pytest
 
 from lrft.trainer.progress import (
+    QUIET_ENVIRONMENT,
     Console,
+    library_bars_allowed,
     phase_seconds,
+    silence_library_bars,
     step_line,
     step_summary,
     use_progress_bar,
@@ -120,3 +127,66 @@ def test_the_summary_names_the_slowest_phase() -> None:
 
 def test_phase_seconds_leaves_out_the_whole_step() -> None:
     assert phase_seconds(_metrics(2)) == {"generate": 0.5, "policy": 0.5, "weight_sync": 0.01}
+
+
+@pytest.mark.parametrize(
+    ("rank", "requested", "stream", "expected"),
+    [
+        (0, True, Terminal(), True),
+        (1, True, Terminal(), False),  # another rank: its bars would interleave with rank 0's
+        (0, False, Terminal(), False),  # --no-progress_bar silences every bar
+        (0, True, io.StringIO(), False),  # stderr redirected to a log
+    ],
+)
+def test_library_bars_only_where_a_bar_can_be_read(
+    rank: int, requested: bool, stream: io.StringIO, expected: bool
+) -> None:
+    assert library_bars_allowed(rank=rank, requested=requested, stream=stream) is expected
+
+
+@pytest.fixture
+def silenced(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """:func:`silence_library_bars` in this process, undone afterwards; yields ``datasets``."""
+    datasets = importlib.import_module("datasets")  # optional and untyped
+    from huggingface_hub.utils.tqdm import are_progress_bars_disabled, enable_progress_bars
+    from tqdm import std
+    from transformers.utils import logging
+
+    for name in QUIET_ENVIRONMENT:
+        monkeypatch.setenv(name, "0")  # recorded, so the test's values are removed afterwards
+    monkeypatch.setattr(std.tqdm, "__init__", std.tqdm.__dict__["__init__"])  # restored after
+    hub_was_on = not are_progress_bars_disabled()
+    transformers_was_on = logging.is_progress_bar_enabled()
+    datasets_was_on = datasets.is_progress_bar_enabled()
+    silence_library_bars()
+    yield datasets
+    if hub_was_on:
+        enable_progress_bars()
+    if transformers_was_on:
+        logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # unannotated there
+    if datasets_was_on:
+        datasets.enable_progress_bars()
+
+
+def test_silenced_library_bars_draw_nothing(silenced: ModuleType) -> None:
+    # The bars that reached a redirected log: transformers' loading and export bars, and the
+    # plain tqdm the GGUF conversion of the smollm2 preset uses; datasets' and the hub's too.
+    from huggingface_hub.utils.tqdm import tqdm as hub_tqdm
+    from transformers.utils import logging
+
+    gguf = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    for name, value in QUIET_ENVIRONMENT.items():
+        assert os.environ[name] == value
+    for make in (logging.tqdm, gguf.tqdm, hub_tqdm):
+        sink = Terminal()
+        for _ in make(range(3), desc="Loading weights", file=sink):
+            pass
+        assert sink.getvalue() == "", make
+    assert silenced.is_progress_bar_enabled() is False
+    # lrft's own bar is decided by the Console, not vetoed by TQDM_DISABLE
+    terminal = Terminal()
+    console = Console(enabled=True, progress_bar=True, stream=terminal)
+    console.start(total=2, initial=0)
+    console.step(1, 2, _metrics(1), elapsed=1.0)
+    console.close()
+    assert "\r" in terminal.getvalue()

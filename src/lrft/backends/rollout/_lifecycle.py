@@ -6,15 +6,15 @@ to do (``SleepPlan``, ``WakePlan``), and records the result only after the adapt
 adapter that fails half-way leaves the recorded state as it was. Weight updates go through
 ``weight_update``, which validates each batch whole, tracks what was copied and decides whether
 the engine ends fresh or stale. The adapter only supplies the code that moves memory and copies
-tensors; the rules live here, once.
+tensors; the rules live here, once, and ``_engine_base.EngineAdapter`` asks them around the
+adapter's own moves.
 """
 
 from __future__ import annotations
 
-import abc
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Protocol, Self
+from typing import Protocol
 
 import attrs
 import torch
@@ -28,7 +28,13 @@ from lrft.api.errors import (
     WeightLoadError,
 )
 from lrft.api.protocols import NamedTensors, WeightLoader
-from lrft.api.types import EnginePart, EngineState, TensorSpec, WeightsResidency
+from lrft.api.types import (
+    EnginePart,
+    EngineState,
+    GenerationRequest,
+    TensorSpec,
+    WeightsResidency,
+)
 
 #: Copies one validated batch, ``(canonical name, tensor)`` pairs, into the engine's weights.
 CopyBatch = Callable[[list[tuple[str, torch.Tensor]]], None]
@@ -171,7 +177,9 @@ class EngineLifecycle:
         if self._closed:
             raise LrftError(f"the {self.backend} engine was shut down; build a new one")
 
-    def check_can_generate(self) -> None:
+    def check_can_generate(self, requests: Sequence[GenerationRequest]) -> None:
+        """Refuse ``generate`` unless the engine is open, awake and fresh, and ``requests`` carry
+        no inputs it cannot take (before any work)."""
         self.check_open()
         asleep = []
         if self._weights is not WeightsResidency.RESIDENT:
@@ -188,6 +196,12 @@ class EngineLifecycle:
                 f"the {self.backend} engine's weights are stale (released at sleep level 2, an "
                 "update in progress, or a failed update): load a complete set of weights first"
             )
+        if not self.capabilities.multimodal:
+            for request in requests:
+                if request.multimodal is not None:
+                    raise CapabilityNotSupported(
+                        self.backend, "multimodal", f"request {request.request_id!r} carries inputs"
+                    )
 
     def check_weights_resident(self, action: str) -> None:
         self.check_open()
@@ -283,13 +297,6 @@ class EngineLifecycle:
         self._version = version
         self._needs_complete_update = False
 
-    def load_weights(self, named_tensors: NamedTensors, version: int, copy: CopyBatch) -> None:
-        """One complete update; a refused batch changes nothing, freshness included."""
-        self.check_weights_resident("load weights")
-        batch = validate_batch(named_tensors, self.specs, self.aliases)
-        with self.weight_update(version, copy) as load:
-            load(batch)
-
     def close(self) -> bool:
         """Mark the engine shut down; True the first time (the adapter then frees resources)."""
         first = not self._closed
@@ -355,31 +362,3 @@ class _InPlaceLoader(_Loader):
     def digest_sums(self) -> torch.Tensor:
         self._check_open("read the digest sums")
         return self._store.digest_sums()
-
-
-class LifecycleViews(abc.ABC):
-    """What every engine adapter answers straight from its :class:`EngineLifecycle`, and the
-    context-manager protocol (leaving the ``with`` block shuts the engine down)."""
-
-    _lifecycle: EngineLifecycle
-
-    @property
-    def state(self) -> EngineState:
-        return self._lifecycle.state
-
-    @property
-    def weights_version(self) -> int | None:
-        return self._lifecycle.weights_version
-
-    def parameter_specs(self) -> Mapping[str, TensorSpec]:
-        return dict(self._lifecycle.specs)
-
-    @abc.abstractmethod
-    def shutdown(self) -> None:
-        """Free the engine's resources; idempotent."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.shutdown()

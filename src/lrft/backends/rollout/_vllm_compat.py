@@ -86,6 +86,9 @@ def build_llm(
         # lrft reports log_softmax(logits / T) before truncation; the sampler hook below makes
         # vLLM's "raw" logprobs (computed before temperature in 0.32) follow the temperature.
         "logprobs_mode": "raw_logprobs",
+        # vLLM passes tqdm an explicit disable= (0.32, model_loader/weight_utils.py), which
+        # overrides tqdm's TQDM_DISABLE: forward the switch, so a log gets no loading bar.
+        "use_tqdm_on_load": os.environ.get("TQDM_DISABLE", "").lower() not in ("1", "true"),
     }
     if dp_size > 1:
         # 0.32: external_launcher with data_parallel_size derives the DP rank from $RANK and

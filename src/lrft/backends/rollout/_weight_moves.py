@@ -1,6 +1,6 @@
 """Where an in-process engine's weights live: one flat buffer, and where it goes while asleep.
 
-The weights are views into one :class:`~lrft.api.digest.DigestBuffer`, each at a row-aligned
+The weights are views into one :class:`~lrft.kernels.DigestBuffer`, each at a row-aligned
 offset, so that fingerprinting them is one reduction over the buffer in place (no staging copy)
 and parking or restoring them is one copy of the whole buffer instead of one per parameter.
 Every move replaces the parameters' data and keeps the Parameter objects, so the model (and any
@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from lrft.api.digest import DigestBuffer
+from lrft.kernels import DigestBuffer
 
 
 class FlatWeights:

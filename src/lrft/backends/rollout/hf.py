@@ -24,7 +24,7 @@ device level 1 has nothing to move. TP 1 only.
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol, cast
 
@@ -35,10 +35,9 @@ from transformers import AutoModelForCausalLM, GenerationConfig
 from lrft.api import validators as v
 from lrft.api.capabilities import EngineCapabilities
 from lrft.api.digest import format_digests
-from lrft.api.errors import CapabilityNotSupported, ConfigError
-from lrft.api.protocols import NamedTensors, WeightLoader
+from lrft.api.errors import ConfigError
+from lrft.api.protocols import WeightLoader
 from lrft.api.types import (
-    EnginePart,
     FinishReason,
     GenerationRequest,
     GenerationResult,
@@ -46,13 +45,14 @@ from lrft.api.types import (
     TensorSpec,
     WeightsResidency,
 )
+from lrft.backends.rollout._engine_base import EngineAdapter, caller_rng_kept, default_device
 from lrft.backends.rollout._hf_decode import (
     PAD_ID,
     DecodeOutput,
     StaticDecoder,
     static_decode_unsupported,
 )
-from lrft.backends.rollout._lifecycle import EngineLifecycle, LifecycleViews
+from lrft.backends.rollout._lifecycle import EngineLifecycle, SleepPlan, WakePlan
 from lrft.backends.rollout._weight_moves import FlatWeights
 
 DECODE_PATHS = ("auto", "generate", "static", "cuda_graph", "compiled")
@@ -96,13 +96,7 @@ class _CausalLM(Protocol):
     ) -> Any: ...
 
 
-def _default_device() -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-class HFRolloutEngine(LifecycleViews):
+class HFRolloutEngine(EngineAdapter):
     """A ``RolloutEngine`` (structurally) on a transformers causal LM; see ``lrft.api``.
 
     The engine takes ownership of ``model``: it moves and casts it, replaces its generation
@@ -118,7 +112,7 @@ class HFRolloutEngine(LifecycleViews):
                 f"the hf engine needs a transformers causal LM with generate(), got "
                 f"{type(model).__name__}"
             )
-        self._device = self.config.device if self.config.device is not None else _default_device()
+        self._device = self.config.device if self.config.device is not None else default_device()
         torch.nn.Module.to(model, device=self._device, dtype=self.config.dtype)
         torch.nn.Module.eval(model)
         model.requires_grad_(False)
@@ -138,7 +132,7 @@ class HFRolloutEngine(LifecycleViews):
             name: TensorSpec(shape=tuple(p.shape), dtype=p.dtype)
             for name, p in self._params.items()
         }
-        self._capabilities = EngineCapabilities(
+        capabilities = EngineCapabilities(
             sleep_levels={1, 2},
             sleep_frees_memory=self._device.type == "cuda",
             max_tp=1,
@@ -146,7 +140,7 @@ class HFRolloutEngine(LifecycleViews):
             loads_in_place=True,
         )
         self._lifecycle = EngineLifecycle(
-            backend=self.name, capabilities=self._capabilities, specs=specs, aliases=aliases
+            backend=self.name, capabilities=capabilities, specs=specs, aliases=aliases
         )
         self._decoder = self._static_decoder(model)
 
@@ -187,10 +181,6 @@ class HFRolloutEngine(LifecycleViews):
         return "hf"
 
     @property
-    def capabilities(self) -> EngineCapabilities:
-        return self._capabilities
-
-    @property
     def device(self) -> torch.device:
         return self._device
 
@@ -216,12 +206,7 @@ class HFRolloutEngine(LifecycleViews):
         self, requests: Sequence[GenerationRequest], params: SamplingParams
     ) -> list[GenerationResult]:
         """``params.n`` samples per request, request-major; see ``RolloutEngine.generate``."""
-        self._lifecycle.check_can_generate()
-        for request in requests:
-            if request.multimodal is not None:
-                raise CapabilityNotSupported(
-                    self.name, "multimodal", f"request {request.request_id!r} carries inputs"
-                )
+        self._lifecycle.check_can_generate(requests)
         rows = [(index, sample) for index in range(len(requests)) for sample in range(params.n)]
         prompts = [requests[index].prompt_token_ids for index, _ in rows]
         limits = [requests[index].capped(params).max_new_tokens for index, _ in rows]
@@ -284,11 +269,9 @@ class HFRolloutEngine(LifecycleViews):
         if seed is None:
             yield
             return
-        on_cuda = self._device.type == "cuda"
-        devices = [self._device] if on_cuda else []
-        with torch.random.fork_rng(devices=devices):
+        with caller_rng_kept(self._device):
             torch.default_generator.manual_seed(seed)
-            if on_cuda:
+            if self._device.type == "cuda":
                 # Only this engine's device: torch.manual_seed would reseed every GPU's generator.
                 with torch.cuda.device(self._device):
                     torch.cuda.manual_seed(seed)
@@ -301,8 +284,7 @@ class HFRolloutEngine(LifecycleViews):
         assert self._weights is not None  # cleared only by shutdown, which the lifecycle refuses
         return self._weights
 
-    def sleep(self, level: int) -> None:
-        plan = self._lifecycle.plan_sleep(level)
+    def _sleep(self, plan: SleepPlan) -> None:
         if self._decoder is not None:
             self._decoder.release()
         if plan.weights_to is WeightsResidency.RELEASED and plan.moves_weights:
@@ -315,19 +297,14 @@ class HFRolloutEngine(LifecycleViews):
         ):
             self._flat.park()
         self._empty_device_cache()
-        self._lifecycle.finish_sleep(plan)
 
-    def wake(
-        self, parts: Collection[EnginePart] = (EnginePart.WEIGHTS, EnginePart.KV_CACHE)
-    ) -> None:
-        plan = self._lifecycle.plan_wake(parts)
+    def _wake(self, plan: WakePlan) -> None:
         if plan.weights_from is WeightsResidency.PARKED and self._flat.parked:
             self._flat.restore()
         elif plan.weights_from is WeightsResidency.RELEASED:
             self._flat.allocate()
         # The KV cache needs nothing here: the next generate allocates it (and captures the
         # static loop's graphs again, on the weights' new addresses).
-        self._lifecycle.finish_wake(plan)
 
     def _empty_device_cache(self) -> None:
         if self._device.type == "cuda":
@@ -339,9 +316,6 @@ class HFRolloutEngine(LifecycleViews):
             torch.cuda.empty_cache()
 
     # --- weights -----------------------------------------------------------------------------
-
-    def load_weights(self, named_tensors: NamedTensors, *, version: int) -> None:
-        self._lifecycle.load_weights(named_tensors, version, self._copy)
 
     def weight_update(self, version: int) -> AbstractContextManager[WeightLoader]:
         # The flat buffer is the storage the model serves from: a sync may write into it.
@@ -362,15 +336,14 @@ class HFRolloutEngine(LifecycleViews):
 
     # --- teardown ----------------------------------------------------------------------------
 
-    def shutdown(self) -> None:
-        if self._lifecycle.close():
-            if self._decoder is not None:
-                self._decoder.release()
-                self._decoder = None
-            self._params.clear()
-            self._weights = None
-            self._model = None
-            self._empty_device_cache()
+    def _release(self) -> None:
+        if self._decoder is not None:
+            self._decoder.release()
+            self._decoder = None
+        self._params.clear()
+        self._weights = None
+        self._model = None
+        self._empty_device_cache()
 
 
 def _generation_config(params: SamplingParams) -> GenerationConfig:

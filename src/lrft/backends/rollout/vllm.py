@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Collection, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +38,8 @@ import torch.distributed as dist
 from lrft.api import validators as v
 from lrft.api.capabilities import EngineCapabilities
 from lrft.api.digest import tensor_digests
-from lrft.api.errors import CapabilityNotSupported
-from lrft.api.protocols import NamedTensors, WeightLoader
+from lrft.api.protocols import WeightLoader
 from lrft.api.types import (
-    EnginePart,
     FinishReason,
     GenerationRequest,
     GenerationResult,
@@ -50,7 +48,8 @@ from lrft.api.types import (
     WeightsResidency,
 )
 from lrft.backends.rollout import _vllm_compat as compat
-from lrft.backends.rollout._lifecycle import EngineLifecycle, LifecycleViews, validate_batch
+from lrft.backends.rollout._engine_base import EngineAdapter, caller_rng_kept, default_device
+from lrft.backends.rollout._lifecycle import EngineLifecycle, SleepPlan, WakePlan
 from lrft.backends.rollout._vllm_layout import VLLMParam, describe_param, full_shape
 from lrft.dist.collectives import all_gather_objects, broadcast_object
 from lrft.dist.layout import RolloutLayout
@@ -87,7 +86,7 @@ class VLLMEngineConfig:
     seed: int = 0
 
 
-class VLLMRolloutEngine(LifecycleViews):
+class VLLMRolloutEngine(EngineAdapter):
     """A ``RolloutEngine`` (structurally) on vLLM in SPMD mode; see ``lrft.api`` and the module
     docstring. Construction is collective over the default process group (when there is one)."""
 
@@ -103,7 +102,7 @@ class VLLMRolloutEngine(LifecycleViews):
         self._dp_size = layout.dp_size
         if world > 1:
             self._tp_group = layout.build_groups().tp_group
-        self._device = _device_of(rank)
+        self._device = default_device()
         compat.launcher_environment(rank, world, self._device.index or 0)
         on_cuda = self._device.type == "cuda"
         if not on_cuda:
@@ -133,14 +132,14 @@ class VLLMRolloutEngine(LifecycleViews):
             hf: param.vllm_name.rsplit(".", 1)[0] for param in self._params for hf in param.hf_names
         }
         self._pending: dict[str, torch.Tensor] = {}
-        self._capabilities = EngineCapabilities(
+        capabilities = EngineCapabilities(
             sleep_levels={1, 2},
             sleep_frees_memory=on_cuda,
             max_tp=layout.world_size,
             returns_logprobs=True,
         )
         self._lifecycle = EngineLifecycle(
-            backend=self.name, capabilities=self._capabilities, specs=specs, aliases=aliases
+            backend=self.name, capabilities=capabilities, specs=specs, aliases=aliases
         )
 
     def _hf_specs(self, described: list[dict[str, Any]]) -> dict[str, TensorSpec]:
@@ -161,10 +160,6 @@ class VLLMRolloutEngine(LifecycleViews):
         return "vllm"
 
     @property
-    def capabilities(self) -> EngineCapabilities:
-        return self._capabilities
-
-    @property
     def llm(self) -> Any:
         """The wrapped ``vllm.LLM`` (for backdoor reads in tests and advanced callers)."""
         self._lifecycle.check_open()
@@ -176,12 +171,7 @@ class VLLMRolloutEngine(LifecycleViews):
         self, requests: Sequence[GenerationRequest], params: SamplingParams
     ) -> list[GenerationResult]:
         """Collective over the TP group; see ``RolloutEngine.generate``."""
-        self._lifecycle.check_can_generate()
-        for request in requests:
-            if request.multimodal is not None:
-                raise CapabilityNotSupported(
-                    self.name, "multimodal", f"request {request.request_id!r} carries inputs"
-                )
+        self._lifecycle.check_can_generate(requests)
         batch = (list(requests), params)
         if self._tp_group is None or dist.get_world_size(self._tp_group) == 1:
             return self._generate_batches([batch])[0]
@@ -212,7 +202,9 @@ class VLLMRolloutEngine(LifecycleViews):
                     sampling.append(by_cap[capped.max_new_tokens])
                     owners.append(batch_index)
         seeded = any(params.seed is not None for _, params in batches)
-        with _caller_rng_kept(seeded, self._device):
+        # vLLM 0.32's CPU sampler draws per-row seeds from the global generator even for seeded
+        # requests: a seeded generate leaves the caller's random streams as they were.
+        with caller_rng_kept(self._device) if seeded else nullcontext():
             # 0.32's external-launcher data parallelism steps the TP groups' engines in lockstep
             # (an idle one runs dummy batches until every group is done), so with more than one
             # group each engine takes part even with nothing to generate.
@@ -231,35 +223,23 @@ class VLLMRolloutEngine(LifecycleViews):
 
     # --- memory ------------------------------------------------------------------------------
 
-    def sleep(self, level: int) -> None:
-        plan = self._lifecycle.plan_sleep(level)
-        if self._capabilities.sleep_frees_memory:
+    def _sleep(self, plan: SleepPlan) -> None:
+        if self.capabilities.sleep_frees_memory:
             if plan.weights_from is WeightsResidency.PARKED and plan.moves_weights:
                 # deepening 1 -> 2: vLLM sleeps once; wake the parked weights, then drop them
                 compat.wake(self._llm, ["weights"])
                 compat.sleep(self._llm, 2)
             elif plan.moves_weights or plan.free_kv_cache:
-                compat.sleep(self._llm, level)
-        self._lifecycle.finish_sleep(plan)
+                compat.sleep(self._llm, plan.level)
 
-    def wake(
-        self, parts: Collection[EnginePart] = (EnginePart.WEIGHTS, EnginePart.KV_CACHE)
-    ) -> None:
-        plan = self._lifecycle.plan_wake(parts)
-        if self._capabilities.sleep_frees_memory:
+    def _wake(self, plan: WakePlan) -> None:
+        if self.capabilities.sleep_frees_memory:
             if plan.weights_from is not None:
                 compat.wake(self._llm, ["weights"])
             if plan.restore_kv_cache:
                 compat.wake(self._llm, ["kv_cache"])
-        self._lifecycle.finish_wake(plan)
 
     # --- weights -----------------------------------------------------------------------------
-
-    def load_weights(self, named_tensors: NamedTensors, *, version: int) -> None:
-        self._lifecycle.check_weights_resident("load weights")
-        batch = validate_batch(named_tensors, self._lifecycle.specs, self._lifecycle.aliases)
-        with self.weight_update(version) as load:
-            load(batch)
 
     def weight_update(self, version: int) -> AbstractContextManager[WeightLoader]:
         return self._update(version)
@@ -356,11 +336,10 @@ class VLLMRolloutEngine(LifecycleViews):
 
     # --- teardown ----------------------------------------------------------------------------
 
-    def shutdown(self) -> None:
-        if self._lifecycle.close():
-            self._pending.clear()
-            compat.shutdown_llm(self._llm)
-            self._llm = None
+    def _release(self) -> None:
+        self._pending.clear()
+        compat.shutdown_llm(self._llm)
+        self._llm = None
 
 
 def _results(
@@ -386,23 +365,6 @@ def _results(
             )
         )
     return results
-
-
-@contextmanager
-def _caller_rng_kept(seeded: bool, device: torch.device) -> Iterator[None]:
-    """A seeded generate leaves the caller's RNG streams untouched: vLLM 0.32's CPU sampler
-    draws per-row seeds from the global generator even for seeded requests."""
-    if not seeded:
-        yield
-        return
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        yield
-
-
-def _device_of(rank: int) -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _finish_reason(reason: str | None) -> FinishReason:

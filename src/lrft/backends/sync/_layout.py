@@ -9,9 +9,10 @@ from collections.abc import Mapping, Sequence
 import attrs
 import torch
 
-from lrft.api.digest import CombinedDigest, CopyPlan
 from lrft.api.protocols import InPlaceWeightLoader
 from lrft.api.types import TensorSpec
+from lrft.backends.sync._copy_plan import CopyPlan
+from lrft.backends.sync._digests import CombinedDigest
 
 
 @attrs.define(kw_only=True)

@@ -28,17 +28,14 @@ import attrs
 import torch
 
 from lrft.api.capabilities import SyncCapabilities
-from lrft.api.digest import (
-    CopyPlan,
-    DigestBuffer,
-    PendingDigests,
-    combine_digests,
-    format_digests,
-)
+from lrft.api.digest import combine_digests, format_digests
 from lrft.api.errors import WeightSyncError
 from lrft.api.protocols import InPlaceWeightLoader, RolloutEngine, WeightLoader, WeightSource
 from lrft.api.types import EnginePart, SyncReport, TensorSpec, WeightsResidency
+from lrft.backends.sync._copy_plan import CopyPlan
+from lrft.backends.sync._digests import PendingDigests
 from lrft.backends.sync._layout import Bucket, Layout, MemoSlot
+from lrft.kernels import DigestBuffer
 
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
 # Bounds the buckets remembered per engine layout: a source whose buckets never repeat

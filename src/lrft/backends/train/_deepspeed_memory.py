@@ -39,6 +39,7 @@ import torch
 
 from lrft.api.errors import LrftError
 from lrft.api.types import ModelPart
+from lrft.backends.train._placement import optimizer_moments
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -85,7 +86,9 @@ def move_partitions(engine: DeepSpeedEngine, module: torch.nn.Module, target: to
 
 
 class TrainStates:
-    """The memory of one trainable engine: its ZeRO optimizer's buffers and pending gradients."""
+    """The memory of one trainable engine: its ZeRO optimizer's buffers and partitions (the
+    gradients still waiting in ``param.grad`` are set aside and moved by the model's
+    ``OffloadableModel`` bookkeeping)."""
 
     def __init__(self, engine: DeepSpeedEngine, device: torch.device) -> None:
         from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
@@ -104,10 +107,6 @@ class TrainStates:
             else []
         )
         self._stage3 = isinstance(zero, DeepSpeedZeroOptimizer_Stage3)
-        self._params = [p for p in engine.module.parameters() if p.requires_grad]
-        # Gradients set aside while they or their parameters are off the device: a parameter's
-        # .grad must live on the parameter's device.
-        self._grads: dict[torch.nn.Parameter, torch.Tensor] = {}
         self._pending_stage3_grads = False
 
     @property
@@ -167,24 +166,7 @@ class TrainStates:
 
     def _move_own(self, part: ModelPart, target: torch.device) -> None:
         if part is ModelPart.OPTIMIZER:
-            for state in self.inner_optimizer.state.values():
-                for key, value in state.items():
-                    # AdamW keeps its step counter on the host unless capturable: leave it.
-                    if isinstance(value, torch.Tensor) and key != "step":
-                        _move_storage(value, target)
+            for _, _, value in optimizer_moments(self.inner_optimizer):
+                _move_storage(value, target)
             for master in self._own_masters:
                 _move_storage(master, target)
-        elif part is ModelPart.GRADIENTS:
-            for param, grad in self._grads.items():
-                self._grads[param] = grad.to(target)
-
-    def set_aside_grads(self) -> None:
-        for param in self._params:
-            if param.grad is not None:
-                self._grads[param] = param.grad
-                param.grad = None
-
-    def restore_grads(self) -> None:
-        for param, grad in self._grads.items():
-            param.grad = grad
-        self._grads.clear()

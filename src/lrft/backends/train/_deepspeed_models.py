@@ -17,7 +17,8 @@ from torch.optim.lr_scheduler import LambdaLR
 from lrft.api.errors import LrftError
 from lrft.api.types import ModelPart, StepReport
 from lrft.backends.train import _deepspeed_memory as memory
-from lrft.backends.train._placement import OffloadableModel
+from lrft.backends.train._placement import OffloadableModel, TrainableParts
+from lrft.backends.train._training import barrier
 from lrft.backends.train.fsdp2 import hf_name
 
 if TYPE_CHECKING:
@@ -97,10 +98,9 @@ class DeepSpeedFrozenModel(OffloadableModel):
         movable: frozenset[ModelPart],
     ) -> None:
         """``module`` is the user's model; ``engine`` wraps it when ZeRO partitions it."""
-        super().__init__(movable=movable)
+        super().__init__(device=device, movable=movable)
         self._inner = module
         self._engine = engine
-        self._device = device
 
     @property
     def module(self) -> torch.nn.Module:
@@ -136,7 +136,7 @@ class DeepSpeedFrozenModel(OffloadableModel):
             memory.move_partitions(self._engine, self._inner, target)
 
 
-class DeepSpeedTrainableModel(DeepSpeedFrozenModel):
+class DeepSpeedTrainableModel(TrainableParts, DeepSpeedFrozenModel):
     """A model wrapped by a DeepSpeed ZeRO engine, with torch AdamW inside its ZeRO optimizer and
     a LambdaLR schedule. The engine's ``step()`` is the accumulation boundary."""
 
@@ -153,10 +153,8 @@ class DeepSpeedTrainableModel(DeepSpeedFrozenModel):
         self._trained = engine
         self._scheduler = scheduler
         self._states = memory.TrainStates(engine, device)
+        self._params = [p for p in engine.module.parameters() if p.requires_grad]
         self._steps = 0
-
-    def _parts(self) -> frozenset[ModelPart]:
-        return frozenset(ModelPart)
 
     @property
     def engine(self) -> DeepSpeedEngine:
@@ -166,14 +164,6 @@ class DeepSpeedTrainableModel(DeepSpeedFrozenModel):
     def optimizer(self) -> torch.optim.Optimizer:
         """The torch AdamW that the ZeRO optimizer steps over this rank's flat fp32 partitions."""
         return self._states.inner_optimizer
-
-    @property
-    def scheduler(self) -> LambdaLR:
-        return self._scheduler
-
-    @property
-    def optimizer_steps(self) -> int:
-        return self._steps
 
     def backward(self, loss: torch.Tensor, *, sync_gradients: bool = True) -> None:
         # sync_gradients is a hint DeepSpeed does not need: its reduction follows its own
@@ -207,7 +197,7 @@ class DeepSpeedTrainableModel(DeepSpeedFrozenModel):
         self._trained.save_checkpoint(
             directory, tag=CHECKPOINT_TAG, client_state=client_state, save_latest=False
         )
-        _barrier()  # nobody reads the checkpoint before every rank has written its part
+        barrier()
 
     def load(self, directory: Path) -> None:
         self._require_on_device(tuple(ModelPart), "load")
@@ -219,12 +209,6 @@ class DeepSpeedTrainableModel(DeepSpeedFrozenModel):
         if path is None or client_state is None or _STEPS_KEY not in client_state:
             raise LrftError(f"DeepSpeed could not load the checkpoint in {directory}")
         self._steps = int(client_state[_STEPS_KEY])
-
-    def _set_aside_gradients(self) -> None:
-        self._states.set_aside_grads()
-
-    def _restore_gradients(self) -> None:
-        self._states.restore_grads()
 
     def _move_part(self, part: ModelPart, *, to_host: bool) -> None:
         if to_host:
@@ -242,10 +226,3 @@ def _agreed_skip(skipped: bool, device: torch.device) -> bool:
     if agreed not in (0, dist.get_world_size()):
         raise LrftError(f"ranks disagree on skipping the step: {agreed} of {dist.get_world_size()}")
     return skipped
-
-
-def _barrier() -> None:
-    if dist.get_backend() == "nccl":
-        dist.barrier(device_ids=[torch.cuda.current_device()])  # names the device: no warning
-    else:
-        dist.barrier()

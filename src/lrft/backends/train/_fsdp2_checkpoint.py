@@ -24,6 +24,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim.lr_scheduler import LambdaLR
 
 from lrft.api.errors import LrftError
+from lrft.backends.train._training import barrier
 
 TRAIN_STATE_FILE = "lrft_train_state.json"
 
@@ -47,11 +48,7 @@ def save(
     if dist.get_rank() == 0:
         remainder = {"optimizer_steps": optimizer_steps, "scheduler": scheduler.state_dict()}
         (directory / TRAIN_STATE_FILE).write_text(json.dumps(remainder, indent=1))
-    # Nobody reads the checkpoint before rank 0 has written its part.
-    if dist.get_backend() == "nccl":
-        dist.barrier(device_ids=[torch.cuda.current_device()])  # names the device: no warning
-    else:
-        dist.barrier()
+    barrier()  # nobody reads the checkpoint before rank 0 has written its part
 
 
 def load(

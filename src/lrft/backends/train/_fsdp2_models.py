@@ -24,7 +24,7 @@ from lrft.backends.train._fsdp2_gather import (
     entry_of,
     gathered_dtype,
 )
-from lrft.backends.train._placement import OffloadableModel
+from lrft.backends.train._placement import OffloadableModel, TrainableParts, optimizer_moments
 
 NAME = "fsdp2"
 
@@ -59,9 +59,12 @@ class FSDP2FrozenModel(OffloadableModel):
     ) -> None:
         """``movable``: the parts the backend declares it can offload; ``host_resident``: FSDP2
         keeps every part on the host (CPUOffloadPolicy), so nothing needs the device."""
-        super().__init__(movable=movable, where=Location.HOST if host_resident else Location.DEVICE)
+        super().__init__(
+            device=device,
+            movable=movable,
+            where=Location.HOST if host_resident else Location.DEVICE,
+        )
         self._module = module
-        self._device = device
         self._host_resident = host_resident
         # Hugging Face names and sharded parameters in module order, listed once, now, while
         # every unit is sharded (later a unit kept gathered after its forward lists its gathered
@@ -254,7 +257,7 @@ class FSDP2FrozenModel(OffloadableModel):
             super()._require_on_device(parts, action)
 
 
-class FSDP2TrainableModel(FSDP2FrozenModel):
+class FSDP2TrainableModel(TrainableParts, FSDP2FrozenModel):
     """A model sharded with FSDP2, with AdamW over its shards and a LambdaLR schedule."""
 
     def __init__(
@@ -278,24 +281,10 @@ class FSDP2TrainableModel(FSDP2FrozenModel):
         self._max_grad_norm = max_grad_norm
         self._params = [p for group in optimizer.param_groups for p in group["params"]]
         self._steps = 0
-        # Gradients set aside while they or their parameters are off the device: a parameter's
-        # .grad must live on the parameter's device.
-        self._detached_grads: dict[torch.nn.Parameter, torch.Tensor] = {}
-
-    def _parts(self) -> frozenset[ModelPart]:
-        return frozenset(ModelPart)
 
     @property
     def optimizer(self) -> torch.optim.AdamW:
         return self._optimizer
-
-    @property
-    def scheduler(self) -> LambdaLR:
-        return self._scheduler
-
-    @property
-    def optimizer_steps(self) -> int:
-        return self._steps
 
     def backward(self, loss: torch.Tensor, *, sync_gradients: bool = True) -> None:
         self._require_on_device((ModelPart.PARAMETERS, ModelPart.GRADIENTS), "backward")
@@ -345,33 +334,15 @@ class FSDP2TrainableModel(FSDP2FrozenModel):
 
     def _move_part(self, part: ModelPart, *, to_host: bool) -> None:
         self._require_synced("offload or reload")
-        device = self._destination(to_host)
         if part is ModelPart.OPTIMIZER:
-            for state in self._optimizer.state.values():
-                for key, value in state.items():
-                    # The step counter stays where AdamW keeps it (the host, or the
-                    # device when fused or capturable): it is not part of the moved state.
-                    # DTensor.to moves the local shard and keeps mesh and placements, where
-                    # DTensor.from_local would move a host shard back to the mesh's device.
-                    if isinstance(value, torch.Tensor) and key != "step":
-                        state[key] = value.to(device)
-        elif part is ModelPart.GRADIENTS:
-            for param, grad in self._detached_grads.items():
-                self._detached_grads[param] = grad.to(device)
-        else:
+            device = self._destination(to_host)
+            for state, key, value in optimizer_moments(self._optimizer):
+                # DTensor.to moves the local shard and keeps mesh and placements, where
+                # DTensor.from_local would move a host shard back to the mesh's device.
+                state[key] = value.to(device)
+        elif part is ModelPart.PARAMETERS:
             super()._move_part(part, to_host=to_host)
-
-    def _set_aside_gradients(self) -> None:
-        # module.to() would otherwise carry .grad along with the parameters.
-        for param in self._params:
-            if param.grad is not None:
-                self._detached_grads[param] = param.grad
-                param.grad = None
-
-    def _restore_gradients(self) -> None:
-        for param, grad in self._detached_grads.items():
-            param.grad = grad
-        self._detached_grads.clear()
+        # The gradients are only those set aside, which the base moves.
 
 
 @torch.no_grad()

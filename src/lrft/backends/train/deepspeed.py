@@ -15,11 +15,9 @@ DeepSpeed is imported when a backend is built, never by importing this module or
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-from torch.optim.lr_scheduler import LambdaLR
 
 from lrft.api.capabilities import TrainCapabilities
 from lrft.api.optim import OptimizerConfig, SchedulerConfig
@@ -36,11 +34,8 @@ from lrft.backends.train._deepspeed_models import (
     DeepSpeedTrainableModel,
     hf_named_parameters,
 )
-from lrft.backends.train._placement import (
-    current_device,
-    require_process_group,
-    resolve_mixed_precision,
-)
+from lrft.backends.train._placement import PlacedBackend
+from lrft.backends.train._training import adamw_with_schedule
 
 __all__ = [
     "NAME",
@@ -87,7 +82,7 @@ def _init_deepspeed_comm(device: torch.device) -> None:
     )
 
 
-class DeepSpeedBackend:
+class DeepSpeedBackend(PlacedBackend[DeepSpeedConfig]):
     """``TrainBackend`` on DeepSpeed ZeRO.
 
     Needs the default process group (``lrft.dist.init_distributed``; a single process uses a
@@ -98,12 +93,7 @@ class DeepSpeedBackend:
 
     def __init__(self, config: DeepSpeedConfig | None = None) -> None:
         require_deepspeed()
-        require_process_group("deepspeed")
-        self._config = config if config is not None else DeepSpeedConfig()
-        self._device = current_device()
-        self._mixed = resolve_mixed_precision(
-            self._config.mixed_precision, self._device, "DeepSpeedConfig.mixed_precision"
-        )
+        super().__init__(NAME, config if config is not None else DeepSpeedConfig())
         # The override is checked against this world and precision now, not at the first wrap.
         self._config.deepspeed_config(
             world_size=dist.get_world_size(), mixed_precision=self._mixed, max_grad_norm=None
@@ -112,22 +102,6 @@ class DeepSpeedBackend:
         self._capabilities = TrainCapabilities(
             offload=movable_parts(self._config.zero_stage), mixed_precision=self._mixed
         )
-
-    @property
-    def name(self) -> str:
-        return NAME
-
-    @property
-    def capabilities(self) -> TrainCapabilities:
-        return self._capabilities
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
-    def config(self) -> DeepSpeedConfig:
-        return self._config
 
     def deepspeed_config(
         self, *, max_grad_norm: float | None, zero_stage: int | None = None
@@ -151,16 +125,7 @@ class DeepSpeedBackend:
         parameters. The module's train/eval mode is left as it is. Collective."""
         import deepspeed
 
-        params = [p for p in model.parameters() if p.requires_grad]
-        adamw = torch.optim.AdamW(
-            params,
-            lr=optimizer.lr,
-            betas=optimizer.betas,
-            eps=optimizer.eps,
-            weight_decay=optimizer.weight_decay,
-        )
-        schedule = scheduler if scheduler is not None else SchedulerConfig()
-        lr_scheduler = LambdaLR(adamw, _multiplier(schedule))
+        adamw, lr_scheduler = adamw_with_schedule(model, optimizer, scheduler)
         training = model.training
         engine, *_ = deepspeed.initialize(
             model=model,
@@ -197,12 +162,3 @@ class DeepSpeedBackend:
         return DeepSpeedFrozenModel(
             model, engine=engine, device=self._device, movable=self._capabilities.offload
         )
-
-
-def _multiplier(schedule: SchedulerConfig) -> Callable[[int], float]:
-    # A plain function: LambdaLR.state_dict stores None for it (it copies the __dict__ of any
-    # other callable), so the checkpoint holds no callable state.
-    def multiplier(step: int) -> float:
-        return schedule.multiplier(step)
-
-    return multiplier

@@ -10,7 +10,6 @@ AdamW state stay fp32); on CPU everything is fp32.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from typing import TypedDict
 
 import attrs
@@ -23,17 +22,13 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
-from torch.optim.lr_scheduler import LambdaLR
 
 from lrft.api.capabilities import TrainCapabilities
 from lrft.api.optim import OptimizerConfig, SchedulerConfig
 from lrft.api.types import ModelPart
 from lrft.backends.train._fsdp2_models import NAME, FSDP2FrozenModel, FSDP2TrainableModel, hf_name
-from lrft.backends.train._placement import (
-    current_device,
-    require_process_group,
-    resolve_mixed_precision,
-)
+from lrft.backends.train._placement import PlacedBackend
+from lrft.backends.train._training import adamw_with_schedule
 
 __all__ = [
     "NAME",
@@ -94,7 +89,7 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [module for module in model.modules() if type(module).__name__ in names]
 
 
-class FSDP2Backend:
+class FSDP2Backend(PlacedBackend[FSDP2Config]):
     """``TrainBackend`` on ``torch.distributed.fsdp.fully_shard``.
 
     Needs the default process group (``lrft.dist.init_distributed``; a single process uses a
@@ -104,33 +99,12 @@ class FSDP2Backend:
     """
 
     def __init__(self, config: FSDP2Config | None = None) -> None:
-        require_process_group("fsdp2")
-        self._config = config if config is not None else FSDP2Config()
-        self._device = current_device()
-        self._mixed = resolve_mixed_precision(
-            self._config.mixed_precision, self._device, "FSDP2Config.mixed_precision"
-        )
+        super().__init__(NAME, config if config is not None else FSDP2Config())
         self._mesh: DeviceMesh = init_device_mesh(self._device.type, (dist.get_world_size(),))
         movable = () if self._config.cpu_offload else tuple(ModelPart)
         self._capabilities = TrainCapabilities(
             offload=frozenset(movable), mixed_precision=self._mixed
         )
-
-    @property
-    def name(self) -> str:
-        return NAME
-
-    @property
-    def capabilities(self) -> TrainCapabilities:
-        return self._capabilities
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    @property
-    def config(self) -> FSDP2Config:
-        return self._config
 
     def prepare_trainable(
         self,
@@ -148,19 +122,14 @@ class FSDP2Backend:
             reshard_layers_after_forward=self._config.reshard_after_forward,
             reshard_root_after_forward=False,
         )
-        params = [p for p in model.parameters() if p.requires_grad]
-        adamw = torch.optim.AdamW(
-            params,
-            lr=optimizer.lr,
-            betas=optimizer.betas,
-            eps=optimizer.eps,
-            weight_decay=optimizer.weight_decay,
+        adamw, lr_scheduler = adamw_with_schedule(
+            model,
+            optimizer,
+            scheduler,
             # One kernel over all shards on CUDA; the default (foreach) elsewhere. Host-resident
             # shards (cpu_offload) step on the host, where the fused CPU kernel gains little.
             fused=self._device.type == "cuda" and not self._config.cpu_offload,
         )
-        schedule = scheduler if scheduler is not None else SchedulerConfig()
-        lr_scheduler = LambdaLR(adamw, _multiplier(schedule))
         return FSDP2TrainableModel(
             model,
             adamw,
@@ -222,12 +191,3 @@ class FSDP2Backend:
             offload_policy=offload_policy,
             reshard_after_forward=reshard_root_after_forward,
         )
-
-
-def _multiplier(schedule: SchedulerConfig) -> Callable[[int], float]:
-    # A plain function: LambdaLR.state_dict stores None for it (it copies the __dict__ of any
-    # other callable), so the checkpoint's JSON holds no callable state.
-    def multiplier(step: int) -> float:
-        return schedule.multiplier(step)
-
-    return multiplier

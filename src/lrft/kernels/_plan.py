@@ -1,5 +1,5 @@
-"""The fingerprints of a fixed list of tensors, staged and reduced in rows: see
-:mod:`lrft.api.digest` for the definition and the layout."""
+"""The fingerprint sums of any list of tensors, staged and reduced in rows: see
+:mod:`lrft.kernels` for the layout and :mod:`lrft.api.digest` for the definition."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from collections.abc import Sequence
 
 import torch
 
-from lrft.api._digest_rows import (
+from lrft.kernels._reduce import add_row_sums, uses_kernel
+from lrft.kernels._rows import (
     ROW_BYTES,
     ROW_WORDS,
     STAGING_BYTES,
     Rows,
-    add_row_sums,
     device_of,
     row_groups,
     row_layout,
@@ -57,6 +57,7 @@ class DigestPlan:
         self._staging = torch.empty(largest * ROW_BYTES, dtype=torch.uint8, device=self.device)
         self._groups: list[tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], Rows]]
         self._groups = []
+        on_kernel = uses_kernel(self.device)
         for pieces in groups:
             rows = pieces[-1].row + pieces[-1].rows
             buffer = self._staging[: rows * ROW_BYTES]
@@ -65,7 +66,8 @@ class DigestPlan:
                 raw[p.tensor][p.first_row * ROW_BYTES : p.first_row * ROW_BYTES + p.nbytes]
                 for p in pieces
             ]
-            self._groups.append((buffer, targets, sources, row_layout(pieces, self.device)))
+            rows_table = row_layout(pieces, self.device, on_kernel=on_kernel)
+            self._groups.append((buffer, targets, sources, rows_table))
 
     def sums(self) -> torch.Tensor:
         """The fingerprint sums of what the tensors hold now, ``(count, 2)`` int64 on their

@@ -1,21 +1,66 @@
-""":class:`CopyPlan`: :func:`lrft.api.digest.copy_with_digest` of one list of tensors, prepared
-once and run again and again (a weight sync's bucket, step after step)."""
+""":class:`CopyPlan`: :func:`copy_with_digest` of one list of tensors, prepared once and run
+again and again (a weight sync's bucket, step after step)."""
 
 from __future__ import annotations
 
 import functools
 import operator
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
-from lrft.api._digest_plan import digest_sums_many
-from lrft.api._digest_rows import CopyTable, copy_kernel
-from lrft.api._replay import Replay
+from lrft.backends.sync._copy_table import CopyTable
+from lrft.kernels import Replay, digest_sums_many
 
 _SHAPE = operator.attrgetter("shape")
 _DTYPE = operator.attrgetter("dtype")
+
+
+def copy_with_digest(
+    sources: Sequence[torch.Tensor],
+    targets: Sequence[torch.Tensor],
+    positions: Sequence[int],
+    out: torch.Tensor,
+) -> None:
+    """Copies each source into its target, cast to the target's dtype, and adds the fingerprint
+    sums (``lrft.api.digest``) of the values written to ``out[position]`` (``out``: ``(k, 2)``
+    int64 on the targets' device, zero where nothing was added yet), without a host sync.
+
+    This is how a weight sync writes straight into an engine's storage and still knows what it
+    sent. On CUDA, contiguous floating-point tensors go through a Triton kernel (one launch per
+    pair of dtypes) that casts and writes each row, then reads its words back and sums them into
+    ``out`` with atomics: the copy's traffic and a re-read of what it wrote.
+    Anything else is copied and then fingerprinted from the targets. :class:`CopyPlan` does
+    the same for a list of tensors copied again and again.
+    """
+    CopyPlan(sources, targets, positions, out.device).run(sources, targets, out)
+
+
+class CopyKernel(NamedTuple):
+    """The fused copy-and-fingerprint kernels: ``prepare`` moves a :class:`CopyTable` to the
+    device, ``launch`` runs the copy it describes; and the dtypes and row length they take."""
+
+    prepare: Callable[[CopyTable, torch.device], object]
+    # Any: the prepared table's type lives in the Triton module, importable only with Triton.
+    launch: Callable[[Any, torch.Tensor], None]
+    dtypes: frozenset[torch.dtype]
+    words: int
+
+
+@functools.cache
+def copy_kernel() -> CopyKernel | None:
+    try:
+        from lrft.backends.sync._copy_kernel import (
+            COPY_DTYPES,
+            COPY_WORDS,
+            launch_copy,
+            prepare_copy,
+        )
+    except ImportError:  # a torch build without Triton: copy, then fingerprint the copies
+        return None
+    return CopyKernel(prepare_copy, launch_copy, COPY_DTYPES, COPY_WORDS)
 
 
 class CopyPlan:
