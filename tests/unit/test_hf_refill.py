@@ -157,16 +157,18 @@ def test_finished_rows_stop_costing_work() -> None:
     assert (eight.steps, eight.row_steps, eight.prefills) == (19, 8 + 4 * 18, 1)
 
 
-def test_moved_rows_continue_where_they_were(reference: torch.nn.Module) -> None:
-    """The long sequences of the eight-row case above, after their move to rows 0 and 1, decode
-    the reference's tokens (a move that lost a row's cache or columns would not)."""
+@pytest.mark.parametrize("limits", [[2, 2, 2, 2, 2, 20, 2, 20], [20, 20, 2, 2, 2, 2, 2, 2]])
+def test_moved_rows_continue_where_they_were(reference: torch.nn.Module, limits: list[int]) -> None:
+    """The long sequences of the eight-row case above, after their move to rows 0 and 1 (or
+    with no move, when they already are there), decode the reference's tokens over 4 rows (a
+    move that lost a row's cache or columns would not)."""
     prompts = _prompts(8)
-    limits = [2, 2, 2, 2, 2, 20, 2, 20]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=20, return_logprobs=True)
     with torch.inference_mode():
         output = _decoder(False).decode(prompts, limits, 8, greedy)
     want = [_greedy(reference, p, n) for p, n in zip(prompts, limits, strict=True)]
     assert _outputs(output) == want
+    assert output.row_steps == 8 + 4 * 18
     _assert_logprobs(reference, prompts, output)
 
 

@@ -182,7 +182,7 @@ class StaticDecoder:
             if not plan.live_count:
                 break
             move = plan.compaction()
-            if move is not None:
+            if move is not None and move.sources:  # live rows may all lie in the bucket already
                 self._move(slot, move)
             columns = self._attended(plan.columns_needed(), slot.length)
             self._run_step(slot, mode, plan.bucket, columns)
@@ -199,7 +199,9 @@ class StaticDecoder:
     def _to_device(self, values: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """A host tensor on the device without waiting for the device's queue (on CUDA, a
         pageable copy synchronises the stream; a pinned one is queued like a kernel)."""
-        host = values if isinstance(values, torch.Tensor) else torch.tensor(values)
+        host = (
+            values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
+        )
         if self._device.type == "cuda":
             return host.pin_memory().to(self._device, non_blocking=True)
         return host.to(self._device)
