@@ -141,10 +141,12 @@ def test_ragged_responses_have_the_forced_lengths(tmp_path: Path) -> None:
     doc = _bench(["grpo", "--steps=2"], tmp_path, workload=str(path))
     ragged = doc["grpo"]["ragged"]
     spec = RaggedSpec(min_tokens=2, max_tokens=8, seed=1)
-    want = sum(forced_lengths(spec, 1, 8))  # the second step's call: the steady one
-    assert ragged["generated_tokens_per_step"] == [want]
-    assert 2 <= ragged["response_tokens_mean"] <= 8
+    forced = forced_lengths(spec, 1, 8)  # the second step's call: the steady one
+    assert ragged["forced_tokens_mean"] == sum(forced) / 8
+    # a response ends at its forced length, or earlier at the random model's EOS (rare)
+    [generated] = ragged["generated_tokens_per_step"]
+    assert len(forced) <= generated <= sum(forced)
+    assert doc["grpo"]["response_tokens_mean"] == generated / 8 == ragged["response_tokens_mean"]
     for key in ("rollout_tokens_per_s", "full_batch_tokens_per_s", "ideal_generate_seconds"):
         assert _positive(ragged[key]), key
     assert _positive(ragged["generate_over_ideal"])
-    assert doc["grpo"]["response_tokens_mean"] == want / 8

@@ -145,13 +145,12 @@ def _ragged(
     steady_calls: list[range],
     summary: dict[str, Any],
 ) -> dict[str, Any]:
-    """The ragged variant's figures: this rank's forced lengths, and its generate phase against
-    the same tokens at the full batch's rate (measured after the steps)."""
+    """The ragged variant's figures: this rank's forced and generated lengths, and its generate
+    phase against the same tokens at the full batch's rate (measured after the steps)."""
     spec = forced.spec
-    tokens = [sum(sum(forced.lengths[call]) for call in calls) for calls in steady_calls]
-    lengths = [
-        length for calls in steady_calls for call in calls for length in forced.lengths[call]
-    ]
+    tokens = [sum(sum(forced.generated[call]) for call in calls) for calls in steady_calls]
+    lengths = [n for calls in steady_calls for call in calls for n in forced.generated[call]]
+    limits = [n for calls in steady_calls for call in calls for n in forced.lengths[call]]
     full_rate = full_batch_tokens_per_s(trainer, forced)
     per_step = _median([float(count) for count in tokens])
     generate_s = summary["phases_seconds_median"].get("generate", 0.0)
@@ -160,6 +159,7 @@ def _ragged(
         "min_tokens": spec.min_tokens,
         "max_tokens": spec.max_tokens,
         "seed": spec.seed,
+        "forced_tokens_mean": statistics.fmean(limits) if limits else 0.0,
         "response_tokens_mean": statistics.fmean(lengths) if lengths else 0.0,
         "response_tokens_max": max(lengths, default=0),
         "generated_tokens_per_step": tokens,

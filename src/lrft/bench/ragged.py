@@ -54,13 +54,15 @@ def forced_lengths(spec: RaggedSpec, call: int, count: int) -> list[int]:
 
 class ForcedLengths:
     """A ``RolloutEngine`` that generates through ``engine`` with each response's length forced
-    (see module doc); every other call goes to ``engine`` as it is. ``lengths`` records the
-    lengths of each call."""
+    (see module doc); every other call goes to ``engine`` as it is. ``lengths`` records each
+    call's forced lengths, ``generated`` the lengths its responses have (shorter where one ended
+    at a stop id first: a random model's rare end-of-sequence token)."""
 
     def __init__(self, engine: RolloutEngine, spec: RaggedSpec) -> None:
         self.engine = engine
         self.spec = spec
         self.lengths: list[list[int]] = []
+        self.generated: list[list[int]] = []
 
     def generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
@@ -75,6 +77,7 @@ class ForcedLengths:
             for sample in range(n)
         ]
         results = self.engine.generate(expanded, attrs.evolve(params, n=1))
+        self.generated.append([len(result.output_token_ids) for result in results])
         return [
             attrs.evolve(result, request_id=requests[k // n].request_id, sample_index=k % n)
             for k, result in enumerate(results)
