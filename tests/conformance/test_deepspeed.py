@@ -147,8 +147,10 @@ class DeepSpeedSyncSuite(WeightSyncSuite[DirectSync]):
         return _backend(cls.zero_stage)
 
     @classmethod
-    def make_engine(cls, model_dir: Path, dtype: torch.dtype) -> HFRolloutEngine:
-        config = HFEngineConfig(device=current_rank_context().device, dtype=dtype)
+    def make_engine(
+        cls, model_dir: Path, dtype: torch.dtype, device: torch.device
+    ) -> HFRolloutEngine:
+        config = HFEngineConfig(device=device, dtype=dtype)
         return HFRolloutEngine.from_pretrained(model_dir, config=config)
 
     @classmethod

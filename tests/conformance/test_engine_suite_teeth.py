@@ -9,9 +9,9 @@ pass on the intact engine, so each failure here is the defect's doing.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import attrs
 import pytest
@@ -27,15 +27,14 @@ from lrft.api import (
 )
 from lrft.api.protocols import NamedTensors
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
-from lrft.testing.conformance import _rollout_generation_checks as generation
-from lrft.testing.conformance import _rollout_weight_checks as weights
-from lrft.testing.conformance._rollout_common import (
+from lrft.testing.conformance import rollout as checks
+from lrft.testing.conformance.rollout import (
     EngineModels,
+    RolloutEngineSuite,
+    SuiteCheck,
     make_engine_models,
     shutdown_cached_engines,
 )
-from lrft.testing.conformance.rollout import RolloutEngineSuite
-from lrft.testing.conformance.stateful import check_lifecycle_state_machine
 from lrft.testing.distributed import RankFailure, shared_pool
 
 CPU = torch.device("cpu")
@@ -172,26 +171,30 @@ class DropsLastTensorSuite(BrokenEngineSuite):
     engine_class = DropsLastTensor  # module-level: a pool's workers import it by name
 
 
-Check = Callable[[Any, EngineModels, torch.device], None]
-
-CASES: list[tuple[type[HFRolloutEngine], Check, str]] = [
+CASES: list[tuple[type[HFRolloutEngine], SuiteCheck, str]] = [
     (
         DropsLastTensor,
-        weights.check_load_other_weights,
+        checks.check_load_other_weights,
         r"engine's 'model\.norm\.weight' is not the loaded",
     ),
-    (ReversesResults, generation.check_greedy_matches_reference, "must be request-major"),
-    (ReversesResults, generation.check_n_samples, "must be request-major"),
-    (DropsStopToken, generation.check_stop_token_ids, "stop id .* first occurs at position"),
-    (DropsStopToken, generation.check_min_new_tokens, "the output must be just it"),
-    (IgnoresSeed, generation.check_seed, "the same seed gave different samples"),
-    (IgnoresTruncation, generation.check_truncated_sampling_is_greedy, "must equal greedy"),
-    (IgnoresMinNewTokens, generation.check_min_new_tokens, "emitted within min_new_tokens=4"),
-    (SlightlyOffLogprobs, generation.check_greedy_logprobs, r"tolerance 1e-05"),
-    (SlightlyOffLogprobs, generation.check_sampled_logprobs, r"tolerance 1e-05"),
-    (CopiesBeforeValidating, weights.check_bad_batch_changes_nothing, "changed the engine"),
-    (ForgetsStaleness, weights.check_level_2_stale_until_loaded, "fresh after waking from level 2"),
-    (ForgetsStaleness, check_lifecycle_state_machine, r"engine state .*expected"),
+    (ReversesResults, checks.check_greedy_matches_reference, "must be request-major"),
+    (ReversesResults, checks.check_n_samples, "must be request-major"),
+    (DropsStopToken, checks.check_stop_token_ids, "stop id .* first occurs at position"),
+    (DropsStopToken, checks.check_min_new_tokens, "the output must be just it"),
+    (IgnoresSeed, checks.check_seed, "the same seed gave different samples"),
+    (IgnoresTruncation, checks.check_truncated_sampling_is_greedy, "must equal greedy"),
+    (IgnoresMinNewTokens, checks.check_min_new_tokens, "emitted within min_new_tokens=4"),
+    (SlightlyOffLogprobs, checks.check_greedy_logprobs, r"tolerance 1e-05"),
+    (SlightlyOffLogprobs, checks.check_sampled_logprobs, r"tolerance 1e-05"),
+    (
+        CopiesBeforeValidating,
+        checks.check_bad_batch_changes_nothing,
+        r"weights_digest\(\) after load_weights\(\) of a batch whose "
+        r"'model\.layers\.0\.mlp\.no_such_weight' is an unknown name: \d+ of 27 tensor digests "
+        r"differ",
+    ),
+    (ForgetsStaleness, checks.check_level_2_stale_until_loaded, "fresh after waking from level 2"),
+    (ForgetsStaleness, checks.check_lifecycle_state_machine, r"engine state .*expected"),
 ]
 
 
@@ -207,7 +210,10 @@ def engine_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineMo
     ids=[f"{cls.__name__}-{check.__name__}" for cls, check, _ in CASES],
 )
 def test_suite_check_fails_broken_engine(
-    engine_class: type[HFRolloutEngine], check: Check, message: str, engine_models: EngineModels
+    engine_class: type[HFRolloutEngine],
+    check: SuiteCheck,
+    message: str,
+    engine_models: EngineModels,
 ) -> None:
     with pytest.raises(AssertionError, match=message):
         check(_suite(engine_class), engine_models, CPU)
@@ -219,4 +225,4 @@ def test_failure_in_a_rank_names_the_rank_and_the_tensor(engine_models: EngineMo
         RankFailure,
         match=r"(?s)failed on 2 of 2 ranks.*rank 0 raised AssertionError.*model\.norm\.weight",
     ):
-        pool.run(weights.check_load_other_weights, DropsLastTensorSuite, engine_models)
+        pool.run(checks.check_load_other_weights, DropsLastTensorSuite, engine_models)

@@ -1,9 +1,9 @@
 """The TrainBackend suite catches broken backends.
 
 ``ReplicaBackend`` is a plain data-parallel backend (every rank holds the whole model and
-averages gradients with an all-reduce, like DDP). Correct, it passes the suite's tests used
-here; each defect below breaks one promise of the contract and must make one test fail with a
-message that says what is wrong.
+averages gradients with an all-reduce, like DDP; its checkpoints load at any world size).
+Correct, it passes the suite's tests used here; each defect below breaks one promise of the
+contract and must make one test fail with a message that says what is wrong.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import ClassVar, Literal
 
+import attrs
 import pytest
 import torch
 import torch.distributed as dist
@@ -32,7 +33,32 @@ from lrft.api import (
 from lrft.testing.conformance.train import TrainBackendSuite
 from lrft.testing.distributed import DistributedSuite, RankFailure, RankPool
 
-Defect = Literal["no_all_reduce", "drops_a_tensor", "steps_on_nan", "drops_deferred"] | None
+Defect = (
+    Literal[
+        "no_all_reduce",
+        "drops_a_tensor",
+        "steps_on_nan",
+        "drops_deferred",
+        "never_decays",
+        "linear_for_cosine",
+        "ignores_floor",
+        "applies_a_constant_rate",
+        "sums_gradients",
+        "reshards_without_optimizer",
+    ]
+    | None
+)
+
+
+def _applied(schedule: SchedulerConfig, defect: Defect) -> SchedulerConfig:
+    """The schedule a defective replica follows instead of ``schedule``."""
+    if defect in ("never_decays", "applies_a_constant_rate"):
+        return attrs.evolve(schedule, kind="constant")
+    if defect == "linear_for_cosine" and schedule.kind == "cosine":
+        return attrs.evolve(schedule, kind="linear")
+    if defect == "ignores_floor":
+        return attrs.evolve(schedule, min_lr_ratio=0.0)
+    return schedule
 
 
 class ReplicaModel:
@@ -45,7 +71,11 @@ class ReplicaModel:
     ) -> None:
         self._module, self._defect = module, defect
         self._config = optimizer or OptimizerConfig()
-        self._schedule = schedule or SchedulerConfig()
+        # "applies_a_constant_rate" reports the rate the schedule says, and applies another
+        self._reported = schedule or SchedulerConfig()
+        self._schedule = _applied(self._reported, defect)
+        if defect != "applies_a_constant_rate":
+            self._reported = self._schedule
         self.optimizer = torch.optim.AdamW(
             [p for p in module.parameters() if p.requires_grad] or [torch.zeros(1)],
             lr=self._config.lr * self._schedule.multiplier(0),
@@ -98,12 +128,16 @@ class ReplicaModel:
 
     def step(self) -> StepReport:
         params = [p for p in self._module.parameters() if p.grad is not None]
+        summed = self._defect == "sums_gradients"  # and reports the norm of their mean
         if self._defect != "no_all_reduce":
             for param in params:
                 assert param.grad is not None
-                dist.all_reduce(param.grad, op=dist.ReduceOp.AVG)
-        norm = float(torch.nn.utils.clip_grad_norm_(params, self._config.max_grad_norm))
-        lr = self.optimizer.param_groups[0]["lr"]
+                dist.all_reduce(param.grad, op=dist.ReduceOp.SUM if summed else dist.ReduceOp.AVG)
+        bound = self._config.max_grad_norm if self._config.max_grad_norm > 0 else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(params, bound))
+        if summed:
+            norm /= dist.get_world_size()
+        lr = self._config.lr * self._reported.multiplier(self._steps)
         if not math.isfinite(norm) and self._defect != "steps_on_nan":
             self.optimizer.zero_grad()
             return StepReport(optimizer_steps=self._steps, grad_norm=norm, skipped=True, lr=lr)
@@ -117,13 +151,17 @@ class ReplicaModel:
     def save(self, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         state = {"model": self._module.state_dict(), "optimizer": self.optimizer.state_dict()}
-        torch.save({**state, "steps": self._steps}, directory / f"rank{dist.get_rank()}.pt")
+        if dist.get_rank() == 0:  # every rank holds the same state
+            world = dist.get_world_size()
+            torch.save({**state, "steps": self._steps, "world": world}, directory / "replica.pt")
         dist.barrier()
 
     def load(self, directory: Path) -> None:
-        state = torch.load(directory / f"rank{dist.get_rank()}.pt", weights_only=True)
+        state = torch.load(directory / "replica.pt", weights_only=True)
         self._module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        resharded = state["world"] != dist.get_world_size()
+        if not (resharded and self._defect == "reshards_without_optimizer"):
+            self.optimizer.load_state_dict(state["optimizer"])
         self._steps = state["steps"]
 
 
@@ -132,7 +170,7 @@ class ReplicaBackend:
         self._defect = defect
 
     name = "replica"
-    capabilities = TrainCapabilities()
+    capabilities = TrainCapabilities(checkpoint_resharding=True)
     device = torch.device("cpu")
 
     def prepare_trainable(
@@ -149,6 +187,7 @@ class ReplicaBackend:
 
 
 class _Replica(TrainBackendSuite[ReplicaBackend]):
+    world_size = 2  # the pool these suites are run on (TestTrainSuiteTeeth's)
     defect: ClassVar[Defect] = None
 
     @classmethod
@@ -190,15 +229,95 @@ class _DropsDeferred(_Replica):
     defect = "drops_deferred"
 
 
+class _NeverDecays(_Replica):
+    defect = "never_decays"
+
+
+class _LinearForCosine(_Replica):
+    defect = "linear_for_cosine"
+
+
+class _IgnoresFloor(_Replica):
+    defect = "ignores_floor"
+
+
+class _AppliesAConstantRate(_Replica):
+    defect = "applies_a_constant_rate"
+
+
+class _SumsGradients(_Replica):
+    defect = "sums_gradients"
+
+
+class _ReshardsWithoutOptimizer(_Replica):
+    defect = "reshards_without_optimizer"
+
+
 class TestTrainSuiteTeeth(DistributedSuite):
     world_size = 2
 
-    def test_correct_replica_passes(self, pool: RankPool) -> None:
+    def test_correct_replica_passes(self, pool: RankPool, tmp_path: Path) -> None:
         suite = _Replica()
         suite.test_training_matches_reference(pool)
         suite.test_full_weights_are_complete_exact_and_bucketed(pool)
         suite.test_non_finite_gradient_skips_step(pool)
         suite.test_deferred_gradient_sync_matches_one_batch(pool)
+        suite.test_every_schedule_kind_past_warm_up(pool)
+        suite.test_training_without_clipping_matches_reference(pool)
+        suite.test_checkpoint_loads_at_another_world_size(pool, tmp_path)
+
+    @pytest.mark.parametrize(
+        ("suite", "message"),
+        [
+            (
+                _NeverDecays,
+                r"step 2: StepReport\.lr is 0\.001, the schedule says 0\.000\d+ \(SchedulerConfig"
+                r"\(kind='linear'",
+            ),
+            (
+                _LinearForCosine,
+                r"step 2: StepReport\.lr is 0\.00075, the schedule says 0\.0008125\d* "
+                r"\(SchedulerConfig\(kind='cosine'",
+            ),
+            (
+                _IgnoresFloor,
+                r"step 2: StepReport\.lr is 0\.00066+\d*, the schedule says 0\.00075 "
+                r"\(SchedulerConfig\(kind='linear'",
+            ),
+            (
+                _AppliesAConstantRate,
+                r"parameters after 6 steps of SchedulerConfig\(kind='linear'.*\) differ from the "
+                r"single-process reference: max abs diff",
+            ),
+        ],
+        ids=["never-decays", "linear-for-cosine", "ignores-floor", "applies-a-constant-rate"],
+    )
+    def test_schedule_test_catches_a_wrong_schedule(
+        self, pool: RankPool, suite: type[_Replica], message: str
+    ) -> None:
+        with pytest.raises(RankFailure, match=message):
+            suite().test_every_schedule_kind_past_warm_up(pool)
+
+    def test_unclipped_parity_catches_a_gradient_of_the_wrong_scale(self, pool: RankPool) -> None:
+        # Clipped, the summed gradient is scaled to the same norm as the mean, so the parity
+        # test passes, and the norm reported is the mean's: only clipping off shows the fault.
+        _SumsGradients().test_training_matches_reference(pool)
+        with pytest.raises(
+            RankFailure,
+            match=r"parameters after 2 steps without gradient clipping \(max_grad_norm=0\) differ "
+            r"from the single-process reference: max abs diff \d\.\d+e-0[1-4]",
+        ):
+            _SumsGradients().test_training_without_clipping_matches_reference(pool)
+
+    def test_resharding_test_catches_a_lost_optimizer_state(
+        self, pool: RankPool, tmp_path: Path
+    ) -> None:
+        with pytest.raises(
+            RankFailure,
+            match=r"parameters after loading a world-2 checkpoint at world 1 and 2 more steps "
+            r"differ from the single-process reference: max abs diff \d\.\d+e-0[1-4]",
+        ):
+            _ReshardsWithoutOptimizer().test_checkpoint_loads_at_another_world_size(pool, tmp_path)
 
     def test_parity_catches_missing_gradient_all_reduce(self, pool: RankPool) -> None:
         with pytest.raises(

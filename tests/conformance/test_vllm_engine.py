@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Any, cast
 
 import pytest
 import torch
@@ -21,10 +21,9 @@ from lrft.api import RolloutEngine
 from lrft.backends.rollout.vllm import VLLMEngineConfig, VLLMRolloutEngine
 from lrft.backends.sync import DirectSync
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
-from lrft.testing.conformance._rollout_common import shutdown_cached_engines
-from lrft.testing.conformance.rollout import RolloutEngineSuite
+from lrft.testing.conformance.rollout import RolloutEngineSuite, shutdown_cached_engines
 from lrft.testing.conformance.sync import WeightSyncSuite
-from lrft.testing.distributed import RankPool
+from lrft.testing.distributed import RankPool, current_rank_context
 
 # Spawned ranks inherit the environment: a 1 GiB KV cache per engine keeps CPU runs small.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -35,7 +34,6 @@ VLLM_MODEL_HEADS = (2, 2)
 
 class VLLMEngineSuite(RolloutEngineSuite[VLLMRolloutEngine]):
     model_heads = VLLM_MODEL_HEADS
-    tp_size: ClassVar[int] = 1
 
     @classmethod
     def make_engine(cls, model_dir: Path, device: torch.device) -> VLLMRolloutEngine:
@@ -67,7 +65,6 @@ class TestVLLMEngineWorld2TP1(VLLMEngineSuite):
 
 class VLLMDirectSyncSuite(WeightSyncSuite[DirectSync]):
     model_heads = VLLM_MODEL_HEADS
-    tp_size: ClassVar[int] = 1
 
     @classmethod
     def make_sync(cls, bucket_bytes: int) -> DirectSync:
@@ -78,8 +75,12 @@ class VLLMDirectSyncSuite(WeightSyncSuite[DirectSync]):
         return FSDP2Backend(FSDP2Config(mixed_precision=False))
 
     @classmethod
-    def make_engine(cls, model_dir: Path, dtype: torch.dtype) -> RolloutEngine:
-        # one vLLM engine per process: the rollout suite's cached engine makes way
+    def make_engine(
+        cls, model_dir: Path, dtype: torch.dtype, device: torch.device
+    ) -> RolloutEngine:
+        # one vLLM engine per process (on this rank's device): the rollout suite's cached
+        # engine makes way
+        del device
         shutdown_cached_engines()
         config = VLLMEngineConfig(dtype=dtype, tp_size=cls.tp_size, max_model_len=128)
         return VLLMRolloutEngine(model_dir, config=config)
@@ -154,7 +155,10 @@ class TestVLLMDirectSyncFloat32Biases(VLLMDirectSyncSuite):
     engine_dtype = torch.bfloat16
 
     @classmethod
-    def make_engine(cls, model_dir: Path, dtype: torch.dtype) -> RolloutEngine:
+    def make_engine(
+        cls, model_dir: Path, dtype: torch.dtype, device: torch.device
+    ) -> RolloutEngine:
+        del device  # vLLM runs on this rank's device
         shutdown_cached_engines()
         config = VLLMEngineConfig(dtype=dtype, tp_size=cls.tp_size, max_model_len=128)
         return _Float32BiasEngine(model_dir, config=config)
@@ -165,7 +169,8 @@ class TestVLLMDirectSyncFloat32Biases(VLLMDirectSyncSuite):
 
 def _declares_float32_biases(suite: type[VLLMDirectSyncSuite], model_dir: Path) -> None:
     # What makes this class worth its run time: the engine really stores mixed dtypes.
-    with suite.make_engine(model_dir, torch.bfloat16) as engine:
+    device = current_rank_context().device
+    with suite.make_engine(model_dir, torch.bfloat16, device) as engine:
         declared = {name: spec.dtype for name, spec in engine.parameter_specs().items()}
         held = {name: t.dtype for name, t in suite.read_engine_weights(engine).items()}
     biases = {name: dtype for name, dtype in declared.items() if name.endswith("_proj.bias")}

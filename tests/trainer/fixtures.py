@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 from transformers import Qwen2ForCausalLM
 
-from lrft.demo.task import AdditionTask, write_jsonl
-from lrft.demo.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, build_tokenizer
 from lrft.testing.models import INITIALIZER_RANGE, tiny_qwen2_config
+from lrft.trainer.demo.task import AdditionTask, write_jsonl
+from lrft.trainer.demo.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, build_tokenizer
 
 
 def make_model_folder(directory: Path, seed: int = 0) -> Path:

@@ -16,8 +16,9 @@ from lrft.testing.conformance._train_checks import OPTIMIZER, assert_close
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.testing.models import save_tiny_causal_lm
 from lrft.trainer.critic import CriticUpdate, load_critic
-from lrft.trainer.experience import ExperienceBatch, pack
+from lrft.trainer.experience import ExperienceBatch
 from lrft.trainer.replay import ReplayBuffer
+from lrft.trainer.sequences import pack
 
 ROWS = 8  # the global batch: 2 ranks x 2 micro-batches of 2 rows, one optimizer step
 RESPONSE = 3

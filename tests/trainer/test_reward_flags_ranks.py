@@ -18,14 +18,14 @@ from transformers import (
 
 from lrft.api.types import Location
 from lrft.cli import config_from_args
-from lrft.demo.tokenizer import PAD_ID, VOCAB_SIZE, build_tokenizer
 from lrft.dist import RankInfo
-from lrft.presets.word_problems import INSTRUCTION
 from lrft.rewards import CombinedReward, MathVerifyReward, RewardSample, compute_rewards
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.testing.models import INITIALIZER_RANGE, tiny_qwen2_config
 from lrft.trainer.build import build_trainer
+from lrft.trainer.demo.tokenizer import PAD_ID, VOCAB_SIZE, build_tokenizer
 from lrft.trainer.presets import SMOLLM2_TASK
+from lrft.trainer.presets.word_problems import INSTRUCTION
 from lrft.trainer.rewards import ColocatedRewardModel
 from lrft.trainer.trainer import RLTrainer
 from tests.trainer.fixtures import base_args, digit_fraction, make_model_folder, make_prompt_files

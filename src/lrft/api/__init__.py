@@ -1,5 +1,5 @@
 """lrft's typed contracts: Protocols, value types, capabilities, errors and the definition of a
-tensor digest (torch only)."""
+tensor digest (torch only), and the multi-turn contracts (environments, tools)."""
 
 from lrft.api.capabilities import (
     EngineCapabilities,
@@ -8,11 +8,22 @@ from lrft.api.capabilities import (
     require,
 )
 from lrft.api.digest import combine_digests, tensor_digest
+from lrft.api.episodes import (
+    ChatMessage,
+    Environment,
+    EpisodeBudget,
+    EpisodeEnd,
+    EpisodeStart,
+    EpisodeTask,
+    ModelTurn,
+    StepResult,
+)
 from lrft.api.errors import (
     CapabilityNotSupported,
     CollectiveTimeout,
     ConfigError,
     EngineAsleepError,
+    EpisodeError,
     LrftError,
     StaleWeightsError,
     WeightLoadError,
@@ -30,6 +41,7 @@ from lrft.api.protocols import (
     WeightSource,
     WeightSync,
 )
+from lrft.api.tools import Tool, ToolResult, ToolStatus
 from lrft.api.types import (
     EnginePart,
     EngineState,
@@ -48,12 +60,19 @@ from lrft.api.types import (
 
 __all__ = [
     "CapabilityNotSupported",
+    "ChatMessage",
     "CollectiveTimeout",
     "ConfigError",
     "EngineAsleepError",
     "EngineCapabilities",
     "EnginePart",
     "EngineState",
+    "Environment",
+    "EpisodeBudget",
+    "EpisodeEnd",
+    "EpisodeError",
+    "EpisodeStart",
+    "EpisodeTask",
     "FinishReason",
     "FrozenModel",
     "GenerationRequest",
@@ -62,6 +81,7 @@ __all__ = [
     "Location",
     "LrftError",
     "ModelPart",
+    "ModelTurn",
     "NamedTensors",
     "OptimizerConfig",
     "Placement",
@@ -70,9 +90,13 @@ __all__ = [
     "SchedulerConfig",
     "StaleWeightsError",
     "StepReport",
+    "StepResult",
     "SyncCapabilities",
     "SyncReport",
     "TensorSpec",
+    "Tool",
+    "ToolResult",
+    "ToolStatus",
     "TrainBackend",
     "TrainCapabilities",
     "TrainableModel",

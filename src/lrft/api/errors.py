@@ -39,3 +39,9 @@ class WeightSyncError(LrftError):
 
 class CollectiveTimeout(LrftError, TimeoutError):
     """A collective operation did not complete within its timeout."""
+
+
+class EpisodeError(LrftError):
+    """An environment or the episode driver broke the multi-turn contract (a step after the
+    episode ended, a prompt that leaves no room for a model turn, an environment that raised);
+    the message names the episode."""

@@ -324,10 +324,13 @@ class WeightSync(Protocol):
 
     ``sync`` is collective over the source's process group (it iterates ``full_weights``) and, for
     TP engines, over the engine's TP group. It wakes only the engine's weights when they are
-    asleep (never the KV cache) and leaves the KV cache as it found it. With verification on, the
-    engine's digest of every loaded tensor must equal the digest of what the trainer sent, cast to
-    the dtype the engine declares for it (``parameter_specs()``); a mismatch raises ``WeightSyncError`` and leaves the engine stale. A sync
-    that fails for any reason never leaves the engine looking fresh.
+    asleep (never the KV cache) and leaves the KV cache as it found it. It loads bucket by bucket,
+    one engine call per bucket. Verification is what ``capabilities.verifies_digest`` declares:
+    then the engine's digest of every loaded tensor must equal the digest of what the trainer
+    sent, cast to the dtype the engine declares for it (``parameter_specs()``), a mismatch raises
+    ``WeightSyncError`` and leaves the engine stale, and the report says ``verified=True``;
+    without it the report says ``verified=False``. A sync that fails for any reason never leaves
+    the engine looking fresh, and raises only after taking the whole stream (peers gather it too).
     """
 
     @property

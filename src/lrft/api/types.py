@@ -203,7 +203,12 @@ class TensorSpec:
 
 @attrs.frozen(kw_only=True)
 class SyncReport:
-    """What one weight sync moved, how long it took and what it verified."""
+    """What one weight sync moved, how long it took and what it verified.
+
+    ``verified``: the sync compared digests (what its ``verifies_digest`` capability declares).
+    ``digest``: ``combine_digests`` of the digests of what was sent, each tensor cast to the
+    engine's dtype for it; empty where the sync computed none.
+    """
 
     version: int
     tensors: int

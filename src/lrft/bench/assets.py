@@ -25,7 +25,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config, 
 
 from lrft.api.errors import ConfigError
 from lrft.bench.workloads import ModelSpec, PromptSpec
-from lrft.demo.tokenizer import EOS_ID, PAD_ID, build_tokenizer
+from lrft.trainer.demo.tokenizer import EOS_ID, PAD_ID, build_tokenizer
 
 FIRST_WORD_ID = PAD_ID + 1
 """The first id of the added ``<tN>`` tokens (the byte tokens, EOS and padding come first)."""

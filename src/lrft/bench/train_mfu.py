@@ -22,9 +22,10 @@ from lrft.bench.assets import FIRST_WORD_ID, random_model
 from lrft.bench.ceilings import synchronize
 from lrft.bench.workloads import TrainMfuSpec, Workload
 from lrft.dist import RankInfo, init_distributed
-from lrft.trainer.experience import ExperienceBatch, Sequences
+from lrft.trainer.experience import ExperienceBatch
 from lrft.trainer.policy import PolicyUpdate
 from lrft.trainer.replay import ReplayBuffer
+from lrft.trainer.sequences import Sequences
 
 
 def synthetic_experience(spec: TrainMfuSpec, vocab_size: int, *, seed: int) -> ExperienceBatch:

@@ -14,8 +14,13 @@ from typing import Any
 import attrs
 
 from lrft.algo import AGGREGATION_MODES, kl_estimators, policy_losses
-from lrft.presets import PRESET_NAMES
-from lrft.trainer.config import ENGINE_MAX_TP, HF_DECODE_PATHS, TrainConfig, supported_estimators
+from lrft.trainer.config import (
+    ENGINE_MAX_TP,
+    HF_DECODE_PATHS,
+    PRESET_NAMES,
+    TrainConfig,
+    supported_estimators,
+)
 from lrft.trainer.demo import DEMO_CRITIC_SETTINGS, DEMO_SETTINGS
 
 

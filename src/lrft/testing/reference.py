@@ -52,12 +52,22 @@ def greedy_continuation(
 
 
 @torch.no_grad()
+def token_distributions(
+    model: torch.nn.Module, prompt: Sequence[int], output: Sequence[int], temperature: float = 1.0
+) -> torch.Tensor:
+    """``log_softmax(logits / temperature)`` over the vocabulary at each output position given
+    everything before it: shape ``(len(output), vocab)``, float64."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([list(prompt) + list(output)], device=device)
+    logits = model(ids).logits[0, len(prompt) - 1 : -1].double() / temperature
+    return torch.log_softmax(logits, dim=-1)
+
+
 def token_logprobs(
     model: torch.nn.Module, prompt: Sequence[int], output: Sequence[int], temperature: float = 1.0
 ) -> list[float]:
     """``log_softmax(logits / temperature)`` of each output token given everything before it."""
-    device = next(model.parameters()).device
-    ids = torch.tensor([list(prompt) + list(output)], device=device)
-    logits = model(ids).logits[0, len(prompt) - 1 : -1].double() / temperature
-    chosen = torch.log_softmax(logits, dim=-1).gather(1, ids[0, len(prompt) :, None])
+    distributions = token_distributions(model, prompt, output, temperature)
+    tokens = torch.tensor(list(output), dtype=torch.long, device=distributions.device)
+    chosen = distributions.gather(1, tokens[:, None])
     return [float(x) for x in chosen[:, 0].tolist()]

@@ -15,9 +15,10 @@ from lrft.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_che
 from lrft.trainer.colocation import PHASES, Colocation
 from lrft.trainer.config import TrainConfig, supported_estimators
 from lrft.trainer.critic import CriticUpdate, load_critic
-from lrft.trainer.experience import ExperienceBatch, ExperienceMaker, Sequences, pack
+from lrft.trainer.experience import ExperienceBatch, ExperienceMaker
 from lrft.trainer.policy import PolicyUpdate
 from lrft.trainer.replay import ReplayBuffer
+from lrft.trainer.sequences import Sequences, pack
 from lrft.trainer.trainer import FitResult, RLTrainer
 
 __all__ = [

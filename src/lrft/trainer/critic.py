@@ -28,9 +28,9 @@ from lrft.algo._tensor import masked_mean
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel, TrainableModel
 from lrft.trainer._update_loop import Metrics, step_groups
-from lrft.trainer.experience import Sequences
 from lrft.trainer.micro_batches import PackedMicroBatch, PackedPart, packed_passes
 from lrft.trainer.replay import ReplayBuffer
+from lrft.trainer.sequences import Sequences
 
 VALUE_HEAD = "score"
 """The value head's module name (transformers' token-classification heads use it)."""

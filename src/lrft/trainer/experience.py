@@ -1,9 +1,7 @@
 """Experience: rollouts turned into padded tensors, logprobs, rewards and advantages.
 
-One :class:`ExperienceMaker` pass per role (engine, actor, reference, reward), each micro-batched.
-Sequences are ``prompt + response``, right-padded; response-aligned tensors (``B x T``) hold
-position ``t`` of the ``t``-th generated token. Right padding keeps each real token's position
-id equal to its index, so no position ids are passed.
+One :class:`ExperienceMaker` pass per role (engine, actor, reference, reward), each micro-batched,
+over the padded :class:`lrft.trainer.sequences.Sequences` of the rollout.
 """
 
 from __future__ import annotations
@@ -32,63 +30,10 @@ from lrft.data import PromptSample
 from lrft.dist import all_gather_objects, tp_group_generate
 from lrft.rewards import RewardError, RewardFn, RewardOutput, RewardSample, compute_rewards
 from lrft.trainer.logprobs import response_logprobs as fused_response_logprobs
-from lrft.trainer.logprobs import response_positions
 from lrft.trainer.sampling import fire_generate
+from lrft.trainer.sequences import Sequences, response_positions
 
 Decode = Callable[[Sequence[int]], str]
-
-
-@attrs.frozen(kw_only=True, eq=False)
-class Sequences:
-    """Padded ``prompt + response`` token ids and where each response sits in them."""
-
-    input_ids: Tensor  # (B, L)
-    attention_mask: Tensor  # (B, L)
-    prompt_lengths: Tensor  # (B,)
-    action_mask: Tensor  # (B, T) bool
-    action_tokens: Tensor  # (B, T) the generated ids, 0 where masked
-
-    def __len__(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    def select(self, rows: Tensor) -> Sequences:
-        """Rows ``rows``, trimmed to the longest sequence and response among them."""
-        mask = self.attention_mask[rows]
-        actions = self.action_mask[rows]
-        width = int(mask.sum(-1).max())
-        steps = int(actions.sum(-1).max())
-        return Sequences(
-            input_ids=self.input_ids[rows, :width],
-            attention_mask=mask[:, :width],
-            prompt_lengths=self.prompt_lengths[rows],
-            action_mask=actions[:, :steps],
-            action_tokens=self.action_tokens[rows, :steps],
-        )
-
-
-def pack(results: Sequence[GenerationResult], pad_id: int = 0) -> Sequences:
-    """Right-padded tensors of ``results`` (every response has at least one token)."""
-    rows = [list(r.prompt_token_ids) + list(r.output_token_ids) for r in results]
-    width = max(len(row) for row in rows)
-    steps = max(len(r.output_token_ids) for r in results)
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    actions = torch.zeros((len(rows), steps), dtype=torch.long)
-    action_mask = torch.zeros((len(rows), steps), dtype=torch.bool)
-    for i, (row, result) in enumerate(zip(rows, results, strict=True)):
-        input_ids[i, : len(row)] = torch.tensor(row)
-        attention[i, : len(row)] = 1
-        n = len(result.output_token_ids)
-        actions[i, :n] = torch.tensor(result.output_token_ids)
-        action_mask[i, :n] = True
-    prompt_lengths = torch.tensor([len(r.prompt_token_ids) for r in results])
-    return Sequences(
-        input_ids=input_ids,
-        attention_mask=attention,
-        prompt_lengths=prompt_lengths,
-        action_mask=action_mask,
-        action_tokens=actions,
-    )
 
 
 def response_logprobs(

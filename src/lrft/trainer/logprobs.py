@@ -15,15 +15,13 @@ Gemma 2's ``final_logit_softcapping``) take the plain path.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from lrft.algo.logprobs import DEFAULT_CHUNK_TOKENS, chunked_token_logprobs
-
-if TYPE_CHECKING:
-    from lrft.trainer.experience import Sequences
+from lrft.trainer.sequences import Sequences, response_positions
 
 # Config attributes of transformers models that transform the head's output before returning
 # it as logits; a model that sets any of them is computed the plain way.
@@ -55,14 +53,6 @@ def output_head(module: torch.nn.Module) -> torch.nn.Linear | None:
         if value not in (None, 1, 1.0):
             return None
     return head
-
-
-def response_positions(sequences: Sequences) -> Tensor:
-    """(B, T): the position whose logits predict each response token (prompt length + t - 1)."""
-    steps = sequences.action_mask.shape[1]
-    offsets = torch.arange(steps)
-    width = sequences.input_ids.shape[1]
-    return (sequences.prompt_lengths[:, None] - 1 + offsets[None, :]).clamp(max=width - 1)
 
 
 def plain_response_logprobs(

@@ -24,7 +24,7 @@ from lrft.trainer import checkpoint as ckpt
 from lrft.trainer.colocation import Colocation
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.critic import CriticUpdate, critic_values
-from lrft.trainer.experience import ExperienceMaker, pack, pack_engine_logprobs, reward_means
+from lrft.trainer.experience import ExperienceMaker, pack_engine_logprobs, reward_means
 from lrft.trainer.export import HF_MODEL_DIR
 from lrft.trainer.metrics import CURVES_FILE, MetricsWriter, plot_curves
 from lrft.trainer.outputs import claim_outputs, own_outputs
@@ -33,6 +33,7 @@ from lrft.trainer.progress import Console
 from lrft.trainer.replay import ReplayBuffer
 from lrft.trainer.resume import check_resume_settings
 from lrft.trainer.sampling import Refill, ScoredGroups, continuation_seed, refill_groups
+from lrft.trainer.sequences import pack
 from lrft.trainer.trajectories import TRAJECTORY_DIR, TrajectoryWriter, sample_records
 from lrft.trainer.wandb_metrics import DEFAULT_PROJECT, WandbMetrics, WandbSettings
 

@@ -21,7 +21,7 @@ from transformers import (
 from lrft.api.types import GenerationRequest, SamplingParams
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.data import PromptDataConfig, load_prompt_dataset
-from lrft.demo.model import (
+from lrft.trainer.demo.model import (
     ASSETS_DIR,
     MAX_NEW_TOKENS,
     answer_accuracy,
@@ -30,7 +30,7 @@ from lrft.demo.model import (
     load_tokenizer,
     model_config,
 )
-from lrft.demo.task import (
+from lrft.trainer.demo.task import (
     EOS_TEXT,
     INPUT_KEY,
     REFERENCE_KEY,
@@ -38,7 +38,14 @@ from lrft.demo.task import (
     Problem,
     write_jsonl,
 )
-from lrft.demo.tokenizer import EOS_ID, EOS_TOKEN, PAD_ID, PAD_TOKEN, VOCAB_SIZE, build_tokenizer
+from lrft.trainer.demo.tokenizer import (
+    EOS_ID,
+    EOS_TOKEN,
+    PAD_ID,
+    PAD_TOKEN,
+    VOCAB_SIZE,
+    build_tokenizer,
+)
 
 TASK = AdditionTask()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from lrft.api.types import GenerationResult
-from lrft.trainer.experience import Sequences, pack
+from lrft.trainer.sequences import Sequences, pack
 
 
 def random_responses(rows: int, generator: torch.Generator) -> Sequences:

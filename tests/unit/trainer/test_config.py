@@ -45,7 +45,7 @@ def test_engine_tp_size_beyond_the_engine_is_refused() -> None:
 def test_vllm_missing_is_refused_before_starting(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("lrft.trainer._config_engine.vllm_available", lambda: False)
+    monkeypatch.setattr("lrft.trainer.config.checks.vllm_available", lambda: False)
     with pytest.raises(
         ConfigError, match=r"engine_type 'vllm' needs .* pip install 'lrft\[vllm\]'"
     ):
@@ -55,7 +55,7 @@ def test_vllm_missing_is_refused_before_starting(
 
 
 def test_vllm_tp_size_is_bounded_by_the_world_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("lrft.trainer._config_engine.vllm_available", lambda: True)
+    monkeypatch.setattr("lrft.trainer.config.checks.vllm_available", lambda: True)
     TrainConfig(engine_type="vllm", engine_tp_size=4).validate_world(4)
     with pytest.raises(ConfigError, match=r"world size 2 is not divisible by engine_tp_size 4"):
         TrainConfig(engine_type="vllm", engine_tp_size=4).validate_world(2)
@@ -72,13 +72,13 @@ def test_vllm_tp_size_is_bounded_by_the_world_only(monkeypatch: pytest.MonkeyPat
 def test_engine_mem_util_values_are_named(
     monkeypatch: pytest.MonkeyPatch, changes: dict[str, object], message: str
 ) -> None:
-    monkeypatch.setattr("lrft.trainer._config_engine.vllm_available", lambda: True)
+    monkeypatch.setattr("lrft.trainer.config.checks.vllm_available", lambda: True)
     with pytest.raises(ConfigError, match=message):
         TrainConfig(**changes)  # type: ignore[arg-type]
 
 
 def test_engine_memory_share_by_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("lrft.trainer._config_engine.vllm_available", lambda: True)
+    monkeypatch.setattr("lrft.trainer.config.checks.vllm_available", lambda: True)
     unset = TrainConfig(engine_type="vllm")
     set_ = TrainConfig(engine_type="vllm", engine_mem_util=0.3)
     # a GPU per rank: LightRFT's default half, or the value given
@@ -205,7 +205,7 @@ def test_gae_trains_a_critic_with_lightrft_defaults_and_the_demo_tunes_its_rate(
 def test_tensorboard_missing_is_refused_before_starting(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("lrft.trainer.config.tensorboard_available", lambda: False)
+    monkeypatch.setattr("lrft.trainer.config.fields.tensorboard_available", lambda: False)
     with pytest.raises(ConfigError, match=r"use_tensorboard .* pip install 'lrft\[plots\]'"):
         TrainConfig(use_tensorboard=True)
     assert main([*MODEL, "--use_tensorboard"]) == 2
@@ -214,7 +214,7 @@ def test_tensorboard_missing_is_refused_before_starting(
 
 
 def test_tensorboard_is_on_for_the_demo_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("lrft.trainer.config.tensorboard_available", lambda: True)
+    monkeypatch.setattr("lrft.trainer.config.fields.tensorboard_available", lambda: True)
     assert config_from_args(["train"]).use_tensorboard is True
     assert config_from_args(["train", "--no-use_tensorboard"]).use_tensorboard is False
     assert config_from_args(MODEL).use_tensorboard is False
@@ -295,8 +295,9 @@ def _non_default(name: str) -> list[str]:
 def test_every_flag_changes_the_config_and_is_read_by_the_trainer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """No dead flags: each flag changes its field, and each field is read outside config.py."""
-    monkeypatch.setattr("lrft.trainer._config_engine.vllm_available", lambda: True)
+    """No dead flags: each flag changes its field, and each field is read outside the config's
+    fields and checks (its derived values count: they are what the trainer reads)."""
+    monkeypatch.setattr("lrft.trainer.config.checks.vllm_available", lambda: True)
     baseline = config_from_args(MODEL)
     for flag in FLAGS:
         argv = _non_default(flag.name)
@@ -304,18 +305,15 @@ def test_every_flag_changes_the_config_and_is_read_by_the_trainer(
             continue
         changed = config_from_args([*MODEL, *argv])
         assert getattr(changed, flag.name) != getattr(baseline, flag.name), flag.name
+    trainer = Path(__file__).resolve().parents[3] / "src/lrft/trainer"
+    derived = trainer / "config/train_config.py"
     sources = "".join(
         path.read_text()
-        for path in Path(__file__).resolve().parents[3].joinpath("src/lrft/trainer").glob("*.py")
+        for path in trainer.rglob("*.py")
         # validation reads every field; what counts is a read outside it
-        if path.name
-        not in ("config.py", "_config_fields.py", "_config_checks.py", "_config_inputs.py")
+        if path.parent.name != "config"
     )
-    sources += (
-        (Path(__file__).resolve().parents[3] / "src/lrft/trainer/config.py")
-        .read_text()
-        .split("def checkpoint_dir", 1)[1]
-    )
+    sources += derived.read_text().split("def engine_memory_share", 1)[1]
     for flag in FLAGS:
         assert re.search(rf"config\.{flag.name}\b|self\.{flag.name}\b", sources), flag.name
 
@@ -326,7 +324,7 @@ def test_engine_type_choices() -> None:
 
 
 def test_hf_decode_is_refused_with_another_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("lrft.trainer._config_engine.vllm_available", lambda: True)
+    monkeypatch.setattr("lrft.trainer.config.checks.vllm_available", lambda: True)
     with pytest.raises(ConfigError, match=r"hf_decode 'static' picks the hf engine's .* 'vllm'"):
         TrainConfig(engine_type="vllm", hf_decode="static")
 

@@ -19,7 +19,8 @@ from lrft.api.types import GenerationResult, SamplingParams
 from lrft.rewards import PerSampleReward
 from lrft.testing.models import save_tiny_causal_lm
 from lrft.trainer.critic import critic_values, load_critic, response_values
-from lrft.trainer.experience import ExperienceMaker, pack
+from lrft.trainer.experience import ExperienceMaker
+from lrft.trainer.sequences import pack
 
 
 def _result(prompt: list[int], output: list[int]) -> GenerationResult:

@@ -9,8 +9,9 @@ from lrft.api.types import GenerationResult, SamplingParams
 from lrft.data import PromptSample
 from lrft.rewards import PerSampleReward, RewardError, RewardSample
 from lrft.testing.models import tiny_causal_lm
-from lrft.trainer.experience import ExperienceBatch, ExperienceMaker, pack, response_logprobs
+from lrft.trainer.experience import ExperienceBatch, ExperienceMaker, response_logprobs
 from lrft.trainer.replay import ReplayBuffer
+from lrft.trainer.sequences import pack
 
 
 def _result(prompt: list[int], output: list[int], sample: int = 0) -> GenerationResult:

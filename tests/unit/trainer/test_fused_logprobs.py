@@ -11,8 +11,8 @@ from torch import Tensor
 from lrft.api.types import GenerationResult
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.testing.models import tiny_causal_lm
-from lrft.trainer.experience import Sequences, pack
 from lrft.trainer.logprobs import output_head, plain_response_logprobs, response_logprobs
+from lrft.trainer.sequences import Sequences, pack
 
 CPU = torch.device("cpu")
 PROMPTS = [[5, 6, 7], [10], [3, 4], [40, 41, 42, 43]]

@@ -28,9 +28,10 @@ from lrft.algo import (
 from lrft.api.types import GenerationResult, StepReport
 from lrft.cli import config_from_args
 from lrft.testing.models import tiny_causal_lm
-from lrft.trainer.experience import ExperienceBatch, pack
+from lrft.trainer.experience import ExperienceBatch
 from lrft.trainer.policy import PolicyUpdate
 from lrft.trainer.replay import ReplayBuffer
+from lrft.trainer.sequences import pack
 
 MODEL = ["train", "--pretrain=m", "--prompt_data=p.jsonl", "--reward_fn=math", "--temperature=0.8"]
 CPU = torch.device("cpu")

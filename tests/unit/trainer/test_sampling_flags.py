@@ -26,8 +26,9 @@ from lrft.data import DistributedPromptSampler, PromptSample
 from lrft.rewards import PerSampleReward, RewardOutput
 from lrft.testing.models import tiny_causal_lm
 from lrft.trainer.build import experience_maker, rollout_sampling
-from lrft.trainer.experience import ExperienceMaker, pack, pack_engine_logprobs
+from lrft.trainer.experience import ExperienceMaker, pack_engine_logprobs
 from lrft.trainer.sampling import ScoredGroups, continuation_seed, refill_groups
+from lrft.trainer.sequences import pack
 
 MODEL = ["train", "--pretrain=m", "--prompt_data=p.jsonl", "--reward_fn=math"]
 CPU = torch.device("cpu")

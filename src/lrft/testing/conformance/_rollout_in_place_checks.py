@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import pytest
 import torch
 
 from lrft.api import EnginePart, InPlaceWeightLoader, WeightLoader, WeightLoadError
 from lrft.api.digest import format_digests
 from lrft.testing.conformance._rollout_common import (
     EngineModels,
+    assert_digests_equal,
     assert_matches_reference,
     backdoor_digests,
     greedy_outputs,
@@ -24,6 +24,7 @@ from lrft.testing.conformance._rollout_common import (
     require_capability,
     version_of,
 )
+from lrft.testing.conformance.expect import raises
 
 if TYPE_CHECKING:
     from lrft.testing.conformance._rollout_common import Suite
@@ -56,13 +57,13 @@ def check_in_place_load_serves_what_was_written(
     names = sorted(specs)
     half = len(names) // 2
     with engine.weight_update(4) as load:
-        assert isinstance(load, InPlaceWeightLoader)
-        order = list(load.digest_order())
+        lender = _lender(load)
+        order = list(lender.digest_order())
         assert sorted(order) == names, (
             f"digest_order() is not every weight once: {sorted(set(order) ^ set(names))}"
         )
         for part in (names[:half], names[half:]):
-            targets = load.targets(part)
+            targets = _lend(load, part)
             for name, target in zip(part, targets, strict=True):
                 spec = specs[name]
                 assert (tuple(target.shape), target.dtype) == (spec.shape, spec.dtype), (
@@ -70,17 +71,23 @@ def check_in_place_load_serves_what_was_written(
                     f"stores {spec.shape} {spec.dtype}"
                 )
                 assert target.is_contiguous(), f"target {name!r} is not contiguous"
-                assert target.device == device, f"target {name!r} is on {target.device}"
+                assert target.device == device, (
+                    f"target {name!r} is on {target.device}, the engine's device is {device}"
+                )
                 target.copy_(other[name])
-        sums = load.digest_sums()
+        sums = lender.digest_sums()
     assert version_of(engine) == 4, f"after writing every weight in place: {engine.state}"
     expected = reference_digests(models.other_dir, engine)
-    assert engine.weights_digest() == expected, "weights_digest() is not what was written"
-    assert backdoor_digests(suite, engine) == expected, (
-        "the weights read through the backdoor are not what was written in place"
+    assert_digests_equal(
+        engine.weights_digest(), expected, "weights_digest() after writing in place"
     )
-    assert format_digests(order, [specs[n] for n in order], sums) == expected, (
-        "digest_sums() are not the sums of what the engine holds"
+    assert_digests_equal(
+        backdoor_digests(suite, engine), expected, "the backdoor after writing in place"
+    )
+    assert_digests_equal(
+        format_digests(order, [specs[n] for n in order], sums),
+        expected,
+        "digest_sums() after writing in place",
     )
     assert_matches_reference(
         greedy_outputs(engine, prompts), prompts, models.other_dir, device, "in-place update"
@@ -100,15 +107,13 @@ def check_lending_counts_as_loading(
     engine.wake([EnginePart.WEIGHTS])
     names = sorted(engine.parameter_specs())
     with engine.weight_update(5) as load:
-        assert isinstance(load, InPlaceWeightLoader)
-        for name, target in zip(names[1:], load.targets(names[1:]), strict=True):
+        for name, target in zip(names[1:], _lend(load, names[1:]), strict=True):
             target.copy_(base[name])
     assert engine.weights_version is None, (
         "released weights written in place except one were labelled a complete version"
     )
     with engine.weight_update(6) as load:
-        assert isinstance(load, InPlaceWeightLoader)
-        for name, target in zip(names, load.targets(names), strict=True):
+        for name, target in zip(names, _lend(load, names), strict=True):
             target.copy_(base[name])
     assert version_of(engine) == 6, f"every weight was written in place: {engine.state}"
     engine.wake()
@@ -126,23 +131,36 @@ def check_in_place_loader_refuses_misuse(
     before = engine.weights_digest()
     unknown = "model.layers.0.mlp.no_such_weight"
     known = sorted(engine.parameter_specs())[0]
+    doing = f"targets([{known!r}, {unknown!r}])"
     with (
-        pytest.raises(WeightLoadError, match=unknown.replace(".", r"\.")),
+        raises(WeightLoadError, doing, match=unknown.replace(".", r"\.")),
         engine.weight_update(7) as load,
     ):
         _lend(load, [known, unknown])
-    assert engine.weights_version is None, "a refused lend left the engine fresh"
-    assert engine.weights_digest() == before, "a refused lend changed the weights"
+    assert engine.weights_version is None, f"a refused lend left the engine fresh: {engine.state}"
+    assert_digests_equal(engine.weights_digest(), before, "weights_digest() after a refused lend")
     engine.load_weights(list(model_weights(models.base_dir).items()), version=8)
     with engine.weight_update(9) as load:
-        assert isinstance(load, InPlaceWeightLoader)
+        lender = _lender(load)
         load(list(model_weights(models.base_dir).items()))
-    for use in (lambda: _lend(load, [known]), load.digest_sums, load.digest_order):
-        with pytest.raises(RuntimeError, match="exited"):
+    uses = {
+        f"targets([{known!r}])": lambda: lender.targets([known]),
+        "digest_sums()": lender.digest_sums,
+        "digest_order()": lender.digest_order,
+    }
+    for what, use in uses.items():
+        with raises(RuntimeError, f"the loader's {what} after its block exited", match="exited"):
             use()
     assert version_of(engine) == 9, f"a use after the block changed the engine: {engine.state}"
 
 
+def _lender(load: WeightLoader) -> InPlaceWeightLoader:
+    assert isinstance(load, InPlaceWeightLoader), (
+        f"the engine declares loads_in_place, but weight_update yields a {type(load).__name__}, "
+        "not an InPlaceWeightLoader"
+    )
+    return load
+
+
 def _lend(load: WeightLoader, names: list[str]) -> list[torch.Tensor]:
-    assert isinstance(load, InPlaceWeightLoader), "loads_in_place without an InPlaceWeightLoader"
-    return load.targets(names)
+    return _lender(load).targets(names)

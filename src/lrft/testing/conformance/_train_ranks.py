@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 import torch
@@ -34,12 +34,10 @@ from lrft.testing.conformance._train_checks import (
     lm_loss,
     rank_share,
 )
+from lrft.testing.conformance._train_hooks import TrainBackendHooks
 from lrft.testing.distributed import current_rank_context
 
-if TYPE_CHECKING:
-    from lrft.testing.conformance.train import TrainBackendSuite
-
-    Suite = type[TrainBackendSuite[Any]]
+Suite = type[TrainBackendHooks[Any]]
 
 BATCH_PER_RANK = 2
 # Forces several buckets with the tiny model: its 64 KiB embedding travels alone, its 32 KiB
@@ -47,25 +45,27 @@ BATCH_PER_RANK = 2
 BUCKET_BYTES = 40_000
 
 
-def _require(backend: TrainBackend, capability: str) -> None:
+def require(backend: TrainBackend, capability: str) -> None:
     if capability not in backend.capabilities.names():
         pytest.skip(
             f"requires capability {capability!r}, which backend {backend.name!r} does not declare"
         )
 
 
-def _trainable(
+def trainable_model(
     suite: Suite, backend: TrainBackend, seed: int, *, tied: bool = False
 ) -> TrainableModel:
     model = suite.make_model(seed, tie_word_embeddings=tied)
     return backend.prepare_trainable(model, optimizer=OPTIMIZER, scheduler=SCHEDULE)
 
 
-def _reference(suite: Suite, backend: TrainBackend, seed: int, *, tied: bool = False) -> Reference:
+def reference_for(
+    suite: Suite, backend: TrainBackend, seed: int, *, tied: bool = False
+) -> Reference:
     return Reference(suite.make_model(seed, tie_word_embeddings=tied), backend.device)
 
 
-def _whole_batch(step: int, backend: TrainBackend, per_rank: int = BATCH_PER_RANK) -> torch.Tensor:
+def whole_batch(step: int, backend: TrainBackend, per_rank: int = BATCH_PER_RANK) -> torch.Tensor:
     return batch(1000 + step, per_rank * dist.get_world_size(), backend.device)
 
 
@@ -111,7 +111,7 @@ def satisfies_protocols(suite: Suite) -> None:
     assert backend.device.type == expected.type, (
         f"backend device {backend.device}, rank's {expected}"
     )
-    trainable = _trainable(suite, backend, 0)
+    trainable = trainable_model(suite, backend, 0)
     assert isinstance(trainable, TrainableModel), (
         f"{type(trainable).__name__} is not a TrainableModel"
     )
@@ -129,10 +129,10 @@ def satisfies_protocols(suite: Suite) -> None:
 
 def training_matches_reference(suite: Suite, *, steps: int) -> float:
     backend = suite.make_backend()
-    model, reference = _trainable(suite, backend, 0), _reference(suite, backend, 0)
+    model, reference = trainable_model(suite, backend, 0), reference_for(suite, backend, 0)
     reports = []
     for step in range(steps):
-        tokens = _whole_batch(step, backend)
+        tokens = whole_batch(step, backend)
         model.backward(lm_loss(model.module, rank_share(tokens)))
         reports.append((model.step(), reference.step(tokens)))
     # Parameters first: diverging weights are the symptom that matters most.
@@ -151,10 +151,10 @@ def accumulation_matches_one_batch(
 ) -> float:
     """``defer_sync``: every micro-batch but the last passes ``sync_gradients=False``."""
     backend = suite.make_backend()
-    model = _trainable(suite, backend, 1, tied=True)
-    reference = _reference(suite, backend, 1, tied=True)
+    model = trainable_model(suite, backend, 1, tied=True)
+    reference = reference_for(suite, backend, 1, tied=True)
     for step in range(2):
-        tokens = _whole_batch(step, backend, per_rank=BATCH_PER_RANK * micro_batches)
+        tokens = whole_batch(step, backend, per_rank=BATCH_PER_RANK * micro_batches)
         micros = rank_share(tokens).chunk(micro_batches)
         for index, micro in enumerate(micros):
             last = index == len(micros) - 1
@@ -170,12 +170,12 @@ def accumulation_matches_one_batch(
 
 def non_finite_gradient_skips_step(suite: Suite) -> float:
     backend = suite.make_backend()
-    model, reference = _trainable(suite, backend, 2), _reference(suite, backend, 2)
-    _train_step(model, reference, _whole_batch(0, backend), 0)
+    model, reference = trainable_model(suite, backend, 2), reference_for(suite, backend, 2)
+    _train_step(model, reference, whole_batch(0, backend), 0)
     before = host_copies(suite.parameter_shards(model)), host_copies(suite.optimizer_state(model))
     # Only rank 0's loss is poisoned: the decision to skip must still be the same on every rank.
     poison = float("nan") if dist.get_rank() == 0 else 1.0
-    model.backward(lm_loss(model.module, rank_share(_whole_batch(99, backend))) * poison)
+    model.backward(lm_loss(model.module, rank_share(whole_batch(99, backend))) * poison)
     report = model.step()
     if not report.skipped or math.isfinite(report.grad_norm):
         raise AssertionError(f"a NaN gradient did not skip the step: {report}")
@@ -188,7 +188,7 @@ def non_finite_gradient_skips_step(suite: Suite) -> float:
         host_copies(suite.optimizer_state(model)), before[1], "optimizer state after a skipped step"
     )
     for step in (1, 2):  # the reference never saw the poisoned batch
-        _train_step(model, reference, _whole_batch(step, backend), step)
+        _train_step(model, reference, whole_batch(step, backend), step)
     return assert_close(
         suite.gathered_parameters(model), reference.parameters(), "parameters after a skipped step"
     )
@@ -229,11 +229,11 @@ def full_weights_complete_exact_bucketed(suite: Suite) -> None:
     backend = suite.make_backend()
     for tied in (False, True):
         plain = host_copies(dict(suite.make_model(3, tie_word_embeddings=tied).named_parameters()))
-        model = _trainable(suite, backend, 3, tied=tied)
+        model = trainable_model(suite, backend, 3, tied=tied)
         what = f"full_weights ({'tied' if tied else 'untied'} embeddings)"
         buckets = _check_full_weights(model, plain, what)
         assert buckets >= 4, f"{what}: {buckets} buckets; the bound should force several"
-        _train_step(model, None, _whole_batch(0, backend), 0)
+        _train_step(model, None, whole_batch(0, backend), 0)
         trained = host_copies(suite.gathered_parameters(model))
         _check_full_weights(model, trained, f"{what} after a step")
         _check_full_weights(
@@ -243,9 +243,9 @@ def full_weights_complete_exact_bucketed(suite: Suite) -> None:
 
 def offload_reload_parameters(suite: Suite) -> None:
     backend = suite.make_backend()
-    _require(backend, "offload_parameters")
-    model, reference = _trainable(suite, backend, 4), _reference(suite, backend, 4)
-    _train_step(model, reference, _whole_batch(0, backend), 0)
+    require(backend, "offload_parameters")
+    model, reference = trainable_model(suite, backend, 4), reference_for(suite, backend, 4)
+    _train_step(model, reference, whole_batch(0, backend), 0)
     before = host_copies(suite.parameter_shards(model))
     for _ in range(2):  # offloading what is already on the host does nothing
         model.offload([ModelPart.PARAMETERS])
@@ -255,7 +255,7 @@ def offload_reload_parameters(suite: Suite) -> None:
     _check_placement(model, ModelPart.PARAMETERS, Location.DEVICE)
     _check_devices(suite.parameter_shards(model), backend.device, "reloaded parameters")
     assert_identical(host_copies(suite.parameter_shards(model)), before, "reloaded parameters")
-    _train_step(model, reference, _whole_batch(1, backend), 1)
+    _train_step(model, reference, whole_batch(1, backend), 1)
     assert_close(
         suite.gathered_parameters(model), reference.parameters(), "parameters after offload/reload"
     )
@@ -263,9 +263,9 @@ def offload_reload_parameters(suite: Suite) -> None:
 
 def offload_reload_optimizer(suite: Suite) -> None:
     backend = suite.make_backend()
-    _require(backend, "offload_optimizer")
-    model, reference = _trainable(suite, backend, 5), _reference(suite, backend, 5)
-    _train_step(model, reference, _whole_batch(0, backend), 0)
+    require(backend, "offload_optimizer")
+    model, reference = trainable_model(suite, backend, 5), reference_for(suite, backend, 5)
+    _train_step(model, reference, whole_batch(0, backend), 0)
     before = host_copies(suite.optimizer_state(model))
     model.offload([ModelPart.OPTIMIZER])
     _check_placement(model, ModelPart.OPTIMIZER, Location.HOST)
@@ -274,7 +274,7 @@ def offload_reload_optimizer(suite: Suite) -> None:
     _check_placement(model, ModelPart.OPTIMIZER, Location.DEVICE)
     _check_devices(suite.optimizer_state(model), backend.device, "reloaded optimizer state")
     assert_identical(host_copies(suite.optimizer_state(model)), before, "reloaded optimizer state")
-    _train_step(model, reference, _whole_batch(1, backend), 1)
+    _train_step(model, reference, whole_batch(1, backend), 1)
     assert_close(
         suite.gathered_parameters(model), reference.parameters(), "parameters after offload/reload"
     )
@@ -282,10 +282,10 @@ def offload_reload_optimizer(suite: Suite) -> None:
 
 def _twin_runs(suite: Suite, backend: TrainBackend, parts: list[ModelPart]) -> None:
     """Two identical models; one moves ``parts`` out and back between backward and step."""
-    moved, still = _trainable(suite, backend, 6), _trainable(suite, backend, 6)
+    moved, still = trainable_model(suite, backend, 6), trainable_model(suite, backend, 6)
     for model in (moved, still):
-        _train_step(model, None, _whole_batch(0, backend), 0)
-        model.backward(lm_loss(model.module, rank_share(_whole_batch(1, backend))))
+        _train_step(model, None, whole_batch(0, backend), 0)
+        model.backward(lm_loss(model.module, rank_share(whole_batch(1, backend))))
     moved.offload(parts)
     for part in parts:
         _check_placement(moved, part, Location.HOST)
@@ -300,20 +300,20 @@ def _twin_runs(suite: Suite, backend: TrainBackend, parts: list[ModelPart]) -> N
 
 def offload_reload_gradients(suite: Suite) -> None:
     backend = suite.make_backend()
-    _require(backend, "offload_gradients")
+    require(backend, "offload_gradients")
     _twin_runs(suite, backend, [ModelPart.GRADIENTS])
 
 
 def offload_everything_mid_accumulation(suite: Suite) -> None:
     backend = suite.make_backend()
     for part in ModelPart:
-        _require(backend, f"offload_{part.value}")
+        require(backend, f"offload_{part.value}")
     _twin_runs(suite, backend, list(ModelPart))
 
 
 def undeclared_offload_raises(suite: Suite) -> None:
     backend = suite.make_backend()
-    trainable = _trainable(suite, backend, 0)
+    trainable = trainable_model(suite, backend, 0)
     frozen = backend.prepare_frozen(suite.make_model(0))
     declared = backend.capabilities.offload
     # A frozen model holds no gradients or optimizer state: those parts are never offloadable.
@@ -340,20 +340,20 @@ def save_load_resumes_bit_exactly(suite: Suite) -> None:
     backend = suite.make_backend()
     token = broadcast_object(uuid.uuid4().hex if dist.get_rank() == 0 else None, src=0)
     directory = current_rank_context().shared_dir / f"{suite.__name__}-{token}"
-    saved, uninterrupted = _trainable(suite, backend, 7), _trainable(suite, backend, 7)
+    saved, uninterrupted = trainable_model(suite, backend, 7), trainable_model(suite, backend, 7)
     for step in range(2):  # inside the warm-up: the schedule's position matters after loading
         for model in (saved, uninterrupted):
-            _train_step(model, None, _whole_batch(step, backend), step)
+            _train_step(model, None, whole_batch(step, backend), step)
     saved.save(directory)
     # A fresh backend and model with different initial weights: only load() can make it equal.
-    resumed = _trainable(suite, suite.make_backend(), 8)
+    resumed = trainable_model(suite, suite.make_backend(), 8)
     resumed.load(directory)
     if resumed.optimizer_steps != 2:
         raise AssertionError(f"a loaded model reports {resumed.optimizer_steps} steps, not 2")
     lrs = []
     for step in (2, 3):
         for model in (saved, uninterrupted, resumed):
-            model.backward(lm_loss(model.module, rank_share(_whole_batch(step, backend))))
+            model.backward(lm_loss(model.module, rank_share(whole_batch(step, backend))))
             lrs.append(model.step().lr)
     if len(set(lrs[:3])) != 1 or len(set(lrs[3:])) != 1:
         raise AssertionError(f"learning rates (saved, uninterrupted, resumed) per step: {lrs}")
@@ -370,7 +370,7 @@ def frozen_matches_plain_model(suite: Suite) -> float:
     backend = suite.make_backend()
     plain = suite.make_model(9, tie_word_embeddings=True).to(backend.device)
     frozen = backend.prepare_frozen(suite.make_model(9, tie_word_embeddings=True))
-    tokens = rank_share(_whole_batch(0, backend))
+    tokens = rank_share(whole_batch(0, backend))
     with torch.no_grad():
         got = {"logits": frozen.module(input_ids=tokens).logits}
         want = {"logits": plain(input_ids=tokens).logits}
@@ -381,10 +381,10 @@ def frozen_matches_plain_model(suite: Suite) -> float:
 
 def frozen_offload_reload(suite: Suite) -> None:
     backend = suite.make_backend()
-    _require(backend, "offload_parameters")
+    require(backend, "offload_parameters")
     plain = suite.make_model(10).to(backend.device)
     frozen = backend.prepare_frozen(suite.make_model(10))
-    tokens = rank_share(_whole_batch(0, backend))
+    tokens = rank_share(whole_batch(0, backend))
     before = host_copies(suite.parameter_shards(frozen))
     frozen.offload([ModelPart.PARAMETERS])
     _check_placement(frozen, ModelPart.PARAMETERS, Location.HOST)

@@ -63,12 +63,26 @@ def _check_groups(tp_size: int) -> None:
     ctx = current_rank_context()
     layout = RolloutLayout(world_size=ctx.world_size, tp_size=tp_size)
     groups = layout.build_groups()
-    assert groups.tp_ranks == layout.tp_group_of(ctx.rank)
-    assert dist.get_world_size(groups.tp_group) == tp_size
-    assert dist.get_world_size(groups.dp_group) == layout.dp_size
+    where = f"rank {ctx.rank} of {layout}"
+    assert groups.tp_ranks == layout.tp_group_of(ctx.rank), (
+        f"{where}: build_groups() gives TP ranks {groups.tp_ranks}, the layout says "
+        f"{layout.tp_group_of(ctx.rank)}"
+    )
+    sizes = (dist.get_world_size(groups.tp_group), dist.get_world_size(groups.dp_group))
+    assert sizes == (tp_size, layout.dp_size), (
+        f"{where}: the TP and DP groups have {sizes} ranks, the layout says "
+        f"{(tp_size, layout.dp_size)}"
+    )
     # a group's all-reduce sums exactly its members: proves the group has the ranks it claims
-    assert _rank_sum(groups.tp_group) == sum(layout.tp_group_of(ctx.rank))
-    assert _rank_sum(groups.dp_group) == sum(layout.dp_group_of(ctx.rank))
+    for kind, group, members in (
+        ("TP", groups.tp_group, layout.tp_group_of(ctx.rank)),
+        ("DP", groups.dp_group, layout.dp_group_of(ctx.rank)),
+    ):
+        total = _rank_sum(group)
+        assert total == sum(members), (
+            f"{where}: an all-reduce of the ranks over its {kind} group sums to {total}, but the "
+            f"layout's members {members} sum to {sum(members)}"
+        )
 
 
 def _own_prompts(rank: int) -> list[tuple[int, ...]]:
@@ -88,12 +102,18 @@ def _check_tp_generate(suite: type[RolloutLayoutSuite[E]], model_dir: Path) -> N
     params = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, n=2)
     with suite.make_engine(model_dir) as engine:
         results = tp_group_generate(engine.generate, requests, params, groups.tp_group)
-    assert [r.request_id for r in results] == [q.request_id for q in requests for _ in range(2)]
-    assert [r.sample_index for r in results] == [0, 1] * len(requests)
+    got = [(r.request_id, r.sample_index) for r in results]
+    want = [(q.request_id, sample) for q in requests for sample in range(2)]
+    assert got == want, (
+        f"rank {ctx.rank}: tp_group_generate gave results (request id, sample) {got}, its own "
+        f"requests are {want}"
+    )
     reference = load_reference_model(model_dir, ctx.device)
     for index, result in enumerate(results):
         prompt = prompts[index // 2]
-        assert result.prompt_token_ids == prompt
+        assert result.prompt_token_ids == prompt, (
+            f"rank {ctx.rank} result {index} has prompt {result.prompt_token_ids}, not {prompt}"
+        )
         expected = tuple(greedy_continuation(reference, prompt, NEW_TOKENS))
         assert result.output_token_ids == expected, (
             f"rank {ctx.rank} result {index}: {result.output_token_ids} != reference {expected}"

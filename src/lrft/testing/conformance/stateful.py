@@ -2,9 +2,9 @@
 
 Rules call ``generate``, ``sleep(level)``, ``wake(parts)`` and ``load_weights`` (complete or
 partial, of two weight sets), and for engines that load in place the same loads written through
-the storage their ``InPlaceWeightLoader`` lends, in any order; after every step the engine's state and
-``weights_digest`` are checked. A small reference model tracks what the
-contract says the engine must be after each step: where its weights are, whether its KV cache is
+the storage their ``InPlaceWeightLoader`` lends, in any order; after every step the engine's state
+and ``weights_digest`` are checked. A small reference model tracks what the contract says the
+engine must be after each step: where its weights are, whether its KV cache is
 resident, which weights it holds, its version, and whether it is stale. Every answer is compared
 with it: greedy tokens with the reference decode of the held weights (precomputed), digests with
 the digests of the held weights, errors with the errors the contract names. ``note()`` records
@@ -112,14 +112,14 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
         self.model = _Expected(version=self.next_version)
         note(f"start: awake, holding 'base' as version {self.next_version}")
 
-    def _fails_with(self, error: type[Exception], call: Callable[[], object]) -> None:
+    def _fails_with(self, error: type[Exception], call: Callable[[], object], doing: str) -> None:
         before = self.engine.state
         try:
             call()
         except error:
             pass
         else:
-            raise AssertionError(f"expected {error.__name__}; engine state was {before}")
+            raise AssertionError(f"{doing} in state {before} did not raise {error.__name__}")
         assert self.engine.state == before, (
             f"a call refused with {error.__name__} changed the state {before} -> "
             f"{self.engine.state}"
@@ -132,9 +132,13 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
         requests = [GenerationRequest(prompt_token_ids=p) for p in self.expect.prompts]
         params = SamplingParams(temperature=0.0, max_new_tokens=self.expect.new_tokens)
         if model.weights is not RESIDENT or not model.kv_cache_resident:
-            self._fails_with(EngineAsleepError, lambda: self.engine.generate(requests, params))
+            self._fails_with(
+                EngineAsleepError, lambda: self.engine.generate(requests, params), "generate()"
+            )
         elif model.version is None:
-            self._fails_with(StaleWeightsError, lambda: self.engine.generate(requests, params))
+            self._fails_with(
+                StaleWeightsError, lambda: self.engine.generate(requests, params), "generate()"
+            )
         else:
             assert model.held is not None, "internal: a fresh engine holds a known weight set"
             got = [r.output_token_ids for r in self.engine.generate(requests, params)]
@@ -146,7 +150,9 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
     def sleep(self, level: int) -> None:
         note(f"sleep({level})")
         if level not in self.levels:
-            self._fails_with(CapabilityNotSupported, lambda: self.engine.sleep(level))
+            self._fails_with(
+                CapabilityNotSupported, lambda: self.engine.sleep(level), f"sleep({level})"
+            )
             return
         self.engine.sleep(level)
         model = self.model
@@ -165,7 +171,11 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
         note(f"wake({[part.value for part in parts]})")
         model = self.model
         if WEIGHTS not in parts and KV_CACHE in parts and model.weights is not RESIDENT:
-            self._fails_with(EngineAsleepError, lambda: self.engine.wake(parts))
+            self._fails_with(
+                EngineAsleepError,
+                lambda: self.engine.wake(parts),
+                f"wake({[part.value for part in parts]})",
+            )
             return
         self.engine.wake(parts)
         if WEIGHTS in parts:
@@ -199,13 +209,15 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
                 self.engine.load_weights(batch, version=version)
                 return
             with self.engine.weight_update(version) as loader:
-                assert isinstance(loader, InPlaceWeightLoader), "loads_in_place without one"
+                assert isinstance(loader, InPlaceWeightLoader), (
+                    f"loads_in_place, but weight_update yields a {type(loader).__name__}"
+                )
                 targets = loader.targets([name for name, _ in batch])
                 for target, (_, tensor) in zip(targets, batch, strict=True):
                     target.copy_(tensor)
 
         if model.weights is not RESIDENT:
-            self._fails_with(EngineAsleepError, load)
+            self._fails_with(EngineAsleepError, load, f"{how}({source!r})")
             return
         load()
         if complete:
@@ -217,12 +229,15 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
     def state_is_as_expected(self) -> None:
         want = self.model.state()
         assert self.engine.state == want, f"engine state {self.engine.state}, expected {want}"
-        assert self.engine.weights_version == want.weights_version
+        version = self.engine.weights_version
+        assert version == want.weights_version, (
+            f"weights_version is {version}, but state says {want.weights_version}"
+        )
 
     @invariant()
     def digest_is_of_the_held_weights(self) -> None:
         if self.model.weights is not RESIDENT:
-            self._fails_with(EngineAsleepError, self.engine.weights_digest)
+            self._fails_with(EngineAsleepError, self.engine.weights_digest, "weights_digest()")
             return
         digest = self.engine.weights_digest()
         if self.model.held is not None:
@@ -278,4 +293,6 @@ def check_lifecycle_state_machine(
         },
         digests={label: reference_digests(path, engine) for label, path in folders.items()},
     )
-    run_lifecycle(engine, expectations)
+    run_lifecycle(
+        engine, expectations, max_examples=suite.lifecycle_examples, steps=suite.lifecycle_steps
+    )

@@ -1,0 +1,20 @@
+"""``ExampleSync``: a ``WeightSync`` that delegates to lrft's direct sync."""
+
+from __future__ import annotations
+
+from lrft.api import RolloutEngine, SyncCapabilities, SyncReport, WeightSource
+from lrft.backends.sync import DirectSync
+
+
+class ExampleSync:
+    """Bucketed, cast, digest-verified loads into a same-process engine, by ``DirectSync``."""
+
+    def __init__(self, *, bucket_bytes: int, verify: bool = True) -> None:
+        self._inner = DirectSync(bucket_bytes=bucket_bytes, verify=verify)
+
+    @property
+    def capabilities(self) -> SyncCapabilities:
+        return self._inner.capabilities
+
+    def sync(self, source: WeightSource, engine: RolloutEngine, *, version: int) -> SyncReport:
+        return self._inner.sync(source, engine, version=version)

@@ -1,0 +1,52 @@
+"""The hooks of ``WeightSyncSuite``: supplied by a backend's subclass, read by the checks."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from pathlib import Path
+from typing import ClassVar, Generic, TypeVar
+
+import torch
+
+from lrft.api import RolloutEngine, TrainBackend, WeightSync
+from lrft.testing.distributed import DistributedSuite
+
+S = TypeVar("S", bound=WeightSync)
+
+
+class WeightSyncHooks(DistributedSuite, abc.ABC, Generic[S]):
+    """What a subclass of ``WeightSyncSuite`` supplies: how to build the object under test,
+    backdoors that read its state without the API under test, and the settings the checks read."""
+
+    #: the dtype the engine stores; a subclass for a bf16 engine sets ``torch.bfloat16``
+    engine_dtype: ClassVar[torch.dtype] = torch.float32
+    #: (attention heads, key/value heads) of the tiny trained model (hidden size 64), for engines
+    #: whose kernels need other shapes (vLLM's CPU attention needs head_dim >= 32: ``(2, 2)``)
+    model_heads: ClassVar[tuple[int, int]] = (4, 2)
+    #: the size of the TP groups the engines ``make_engine`` builds span: the ranks of one
+    #: group fail together in the one-group failure test
+    tp_size: ClassVar[int] = 1
+
+    @classmethod
+    @abc.abstractmethod
+    def make_sync(cls, bucket_bytes: int) -> S:
+        """The sync under test, bounded to ``bucket_bytes`` per bucket."""
+
+    @classmethod
+    @abc.abstractmethod
+    def make_train_backend(cls) -> TrainBackend:
+        """The train backend whose trainable model is the sync's source (inside a rank)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def make_engine(
+        cls, model_dir: Path, dtype: torch.dtype, device: torch.device
+    ) -> RolloutEngine:
+        """An engine serving ``model_dir`` in ``dtype`` on ``device`` (inside a rank): the rank's
+        own device, except in the ``cross_device`` test."""
+
+    @classmethod
+    @abc.abstractmethod
+    def read_engine_weights(cls, engine: RolloutEngine) -> Mapping[str, torch.Tensor]:
+        """Backdoor: the engine's weights in Hugging Face names, read without its API."""

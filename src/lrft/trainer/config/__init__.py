@@ -1,0 +1,66 @@
+"""The trainer's settings: :class:`TrainConfig`, one frozen record validated whole before any
+process group starts.
+
+Read top-down, each module importing only those above it:
+
+- :mod:`~lrft.trainer.config.choices`: the names some settings choose among (engines, the hf
+  engine's decoding paths, presets);
+- :mod:`~lrft.trainer.config.validators`: each field's own rule;
+- :mod:`~lrft.trainer.config.fields`: every field, its default and its meaning
+  (:class:`~lrft.trainer.config.fields.TrainFields`);
+- :mod:`~lrft.trainer.config.checks`: the rules across fields, and those on the number of ranks;
+  :mod:`~lrft.trainer.config.inputs`: the rules that read this machine (model folders, files,
+  credential variables);
+- :mod:`~lrft.trainer.config.train_config`: :class:`TrainConfig`, the fields checked at
+  construction, with the values derived from them (the defaults of unset settings, the policy
+  loss's settings, the engine's memory share).
+"""
+
+from lrft.trainer.config.checks import (
+    ALGORITHM_SETTINGS,
+    CRITIC_SETTINGS,
+    VLLM_EXTRA,
+    WANDB_SETTINGS,
+    supported_estimators,
+    value_based_estimators,
+    vllm_available,
+)
+from lrft.trainer.config.choices import ENGINE_MAX_TP, HF_DECODE_PATHS, PRESET_NAMES, EngineType
+from lrft.trainer.config.train_config import (
+    CPU_KV_CACHE_ENV,
+    DEFAULT_CRITIC_LEARNING_RATE,
+    DEFAULT_ENGINE_MEM_UTIL,
+    DEFAULT_FIRE_TEMPERATURE,
+    DEFAULT_GAMMA,
+    DEFAULT_LAMBD,
+    DEFAULT_MAX_NUM_GEN_BATCHES,
+    DEFAULT_OVERLONG_PENALTY_FACTOR,
+    DEFAULT_TIS_CAP,
+    DEFAULT_VALUE_CLIP,
+    TrainConfig,
+)
+
+__all__ = [
+    "ALGORITHM_SETTINGS",
+    "CPU_KV_CACHE_ENV",
+    "CRITIC_SETTINGS",
+    "DEFAULT_CRITIC_LEARNING_RATE",
+    "DEFAULT_ENGINE_MEM_UTIL",
+    "DEFAULT_FIRE_TEMPERATURE",
+    "DEFAULT_GAMMA",
+    "DEFAULT_LAMBD",
+    "DEFAULT_MAX_NUM_GEN_BATCHES",
+    "DEFAULT_OVERLONG_PENALTY_FACTOR",
+    "DEFAULT_TIS_CAP",
+    "DEFAULT_VALUE_CLIP",
+    "ENGINE_MAX_TP",
+    "HF_DECODE_PATHS",
+    "PRESET_NAMES",
+    "VLLM_EXTRA",
+    "WANDB_SETTINGS",
+    "EngineType",
+    "TrainConfig",
+    "supported_estimators",
+    "value_based_estimators",
+    "vllm_available",
+]

@@ -1,0 +1,16 @@
+"""The names some settings of :class:`lrft.trainer.config.TrainConfig` choose among: the rollout
+engines, the hf engine's decoding paths and the presets. ``lrft train``'s flags offer the same
+choices (:mod:`lrft.cli.flags`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+EngineType = Literal["hf", "vllm"]
+ENGINE_MAX_TP: dict[str, int | None] = {"hf": 1, "vllm": None}
+"""The largest tensor-parallel size each built-in engine supports (its ``max_tp`` capability);
+``None``: any size that divides the world size."""
+HF_DECODE_PATHS = ("auto", "generate", "static", "cuda_graph", "compiled")
+"""The hf engine's decoding paths (``HFEngineConfig.decode``)."""
+PRESET_NAMES: tuple[str, ...] = ("smollm2",)
+"""The presets ``lrft train --preset`` offers; each is defined in :mod:`lrft.trainer.presets`."""

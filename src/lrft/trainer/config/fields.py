@@ -1,0 +1,238 @@
+"""Every setting of :class:`lrft.trainer.config.TrainConfig`: its name, default, own rule and
+meaning.
+
+Field names are LightRFT's flag names (``--rollout_batch_size`` is ``rollout_batch_size``), so a
+LightRFT command line or config file reads the same here. Each field's own rule is checked as it
+is set (:mod:`lrft.trainer.config.validators`); the rules across fields
+(:mod:`lrft.trainer.config.checks`) run when a :class:`TrainConfig` is made, which is why
+:class:`TrainFields` is not made on its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from lrft.api.errors import ConfigError
+from lrft.trainer.config import validators as f
+from lrft.trainer.metrics import PLOTS_EXTRA, tensorboard_available
+
+
+def _tensorboard_default(config: TrainFields) -> bool:
+    # The demo and the presets promise TensorBoard logs, but tensorboard is optional: on when it
+    # is installed.
+    built_in = config.pretrain is None or config.preset is not None
+    return built_in and tensorboard_available()
+
+
+def _tensorboard_installed(_: object, attribute: attrs.Attribute[Any], value: bool) -> None:
+    # Checked here, next to the default that reads the same availability.
+    if value and not tensorboard_available():
+        raise ConfigError(
+            f"{attribute.name} needs the tensorboard package, which is not installed: {PLOTS_EXTRA}"
+        )
+
+
+@attrs.frozen(kw_only=True)
+class TrainFields:
+    """The fields of :class:`lrft.trainer.config.TrainConfig`, each checked on its own; see
+    ``lrft train --help`` for each field's meaning."""
+
+    # model and data ------------------------------------------------------------------------
+    pretrain: str | None = None
+    """A Hugging Face model folder; ``None`` runs the built-in demo (model, data and reward),
+    or with ``preset`` the preset's model."""
+    preset: str | None = attrs.field(default=None, validator=f.preset)
+    """A built-in job on a real model (``smollm2``): its model, data, reward and settings fill
+    in whatever is left unset (see :mod:`lrft.trainer.presets`)."""
+    cache_dir: str | None = None
+    """Where presets keep converted models; unset: ``$XDG_CACHE_HOME/lrft`` (``~/.cache/lrft``)."""
+    prompt_data: str | None = None
+    eval_dataset: str | None = None
+    input_key: str = "input"
+    label_key: str | None = None
+    reference_key: str | None = None
+    apply_chat_template: bool = False
+    input_template: str | None = None
+    prompt_max_len: int | None = attrs.field(default=None, validator=f.optional_positive)
+    max_samples: int | None = attrs.field(default=None, validator=f.optional_positive)
+    eval_max_samples: int | None = attrs.field(default=None, validator=f.optional_positive)
+    reward_fn: str | None = None
+    """``math`` (math-verify on ``reference_key``) or ``module:function``; demo: exact match."""
+    reward_pretrain: tuple[str, ...] = attrs.field(default=(), converter=f.reward_paths)
+    """Scalar reward models (``*ForSequenceClassification`` folders with one label), scoring
+    prompt + response; given as a list or LightRFT's comma-separated string."""
+    remote_rm_url: tuple[str, ...] = attrs.field(
+        default=(), converter=f.reward_urls, validator=f.http_urls, repr=f.redacted_repr
+    )
+    """Reward services (JSON over HTTP, see :mod:`lrft.rewards.remote`), one POST per batch.
+    Credentials in them (``user:password@``, ``?token=...``) are hidden wherever lrft shows or
+    saves the config; ``remote_rm_auth_env`` keeps them off the command line."""
+    remote_rm_timeout_s: float = attrs.field(default=30.0, validator=f.positive_float)
+    remote_rm_max_attempts: int = attrs.field(default=3, validator=f.positive)
+    remote_rm_auth_env: tuple[str, ...] = attrs.field(default=(), converter=f.auth_env_names)
+    """Names of environment variables, one per ``remote_rm_url``, whose values are sent as
+    ``Authorization: Bearer <value>`` to that service (an empty entry: no header). The config
+    holds only the names; the values are read on each rank when the rewards are built."""
+    reward_weights: tuple[float, ...] | None = attrs.field(default=None, converter=f.weights)
+    """One weight per reward, in the order reward_fn, reward_pretrain..., remote_rm_url...; the
+    score is their weighted sum. Unset: every weight 1."""
+    # rollout ---------------------------------------------------------------------------------
+    n_samples_per_prompt: int = attrs.field(default=8, validator=f.positive)
+    rollout_batch_size: int = attrs.field(default=32, validator=f.positive)
+    micro_rollout_batch_size: int = attrs.field(default=16, validator=f.positive)
+    generate_max_len: int = attrs.field(default=8, validator=f.positive)
+    temperature: float = attrs.field(default=1.0, validator=f.positive_float)
+    top_p: float = 1.0
+    engine_type: str = attrs.field(default="hf", validator=f.engine)
+    hf_decode: str = attrs.field(default="auto", validator=f.hf_decode)
+    """The hf engine's decoding path (``HFEngineConfig.decode``); ``auto``: compiled on CUDA."""
+    engine_tp_size: int = attrs.field(default=1, validator=f.positive)
+    engine_mem_util: float | None = attrs.field(default=None, validator=f.optional_fraction)
+    """The vllm engine's share of this rank's device memory (vLLM ``gpu_memory_utilization``);
+    see :meth:`TrainConfig.engine_memory_share`. Unset: 0.5 of a GPU; on CPU, 0.5 of the host
+    split over its ranks. Other engines reserve nothing up front and refuse it."""
+    enable_engine_sleep: bool = False
+    # training --------------------------------------------------------------------------------
+    train_batch_size: int = attrs.field(default=128, validator=f.positive)
+    micro_train_batch_size: int = attrs.field(default=16, validator=f.positive)
+    max_tokens_per_micro_batch: int | None = attrs.field(
+        default=None, validator=f.optional_positive
+    )
+    """Pack each optimizer step's rows (policy, and critic with ``gae``) into forwards of at most
+    this many padded tokens (rows x longest row) instead of ``micro_train_batch_size`` rows; the
+    loss is still aggregated over ``micro_train_batch_size``-row groups, so gradients do not
+    change. Unset: fixed rows."""
+    max_epochs: int = attrs.field(default=1, validator=f.positive)
+    num_episodes: int = attrs.field(default=1, validator=f.positive)
+    max_steps: int | None = None
+    actor_learning_rate: float = attrs.field(default=1e-6, validator=f.positive_float)
+    l2: float = attrs.field(default=0.0, validator=f.non_negative)
+    max_norm: float = attrs.field(default=1.0, validator=f.non_negative)
+    advantage_estimator: str = attrs.field(default="group_norm", validator=f.estimator)
+    eps_clip: float = attrs.field(default=0.2, validator=f.positive_float)
+    gamma: float | None = attrs.field(default=None, validator=f.optional_unit_interval)
+    """Discount per response token, for the estimators that read it (gae, reinforce,
+    reinforce++); unset: 1."""
+    lambd: float | None = attrs.field(default=None, validator=f.optional_unit_interval)
+    """GAE's lambda (gae only); unset: 0.95."""
+    critic_pretrain: str | None = None
+    """The critic's initial weights: a causal LM folder (its value head starts fresh) or a saved
+    critic; unset: ``pretrain``. This and the next two need a value-based estimator."""
+    critic_learning_rate: float | None = attrs.field(
+        default=None, validator=f.optional_positive_float
+    )
+    """The critic's AdamW learning rate; unset: 9e-6."""
+    value_clip: float | None = attrs.field(default=None, validator=f.optional_non_negative)
+    """How far the critic's new values may move from the experience pass's before the value
+    loss stops rewarding it (PPO value clipping; 0: off); unset: 0.2."""
+    init_kl_coef: float = attrs.field(default=0.0, validator=f.non_negative)
+    kl_estimator: str = attrs.field(default="k3", validator=f.kl_estimator)
+    use_kl_loss: bool = False
+    normalize_reward: bool = False
+    # policy loss and sampling algorithms (lrft.algo) ---------------------------------------
+    policy_loss_type: str = attrs.field(default="ppo", validator=f.policy_loss)
+    """A registered policy loss (``lrft.algo.policy_losses``): ppo, gspo, gmpo, cpgd."""
+    eps_clip_low_high: tuple[float, float] | None = attrs.field(default=None, converter=f.clip_pair)
+    """Decoupled clip bounds (LOW, HIGH), DAPO's clip-higher; replaces ``eps_clip``."""
+    dual_clip: float | None = None
+    """Dual-clip PPO's constant ``c > 1``: a negative-advantage token's loss is at most ``-A c``."""
+    loss_agg_mode: str | None = attrs.field(default=None, validator=f.aggregation)
+    """How token losses become one scalar; unset: token-mean (a sequence-level loss such as
+    gspo averages over responses by definition and refuses it)."""
+    entropy_loss_coef: float | None = attrs.field(default=None, validator=f.optional_non_negative)
+    """Entropy bonus: ``- coef * entropy`` is added to the loss; 0 logs the entropy only; unset:
+    the entropy is not computed."""
+    high_entropy_token_ratio: float = attrs.field(default=0.0, validator=f.token_ratio)
+    """Train only on this top fraction of each micro-batch's tokens by entropy (0: all)."""
+    use_tis: bool = False
+    """Truncated importance sampling against the engine's own logprobs of the rollout."""
+    tis_cap: float | None = attrs.field(default=None, validator=f.optional_positive_float)
+    """The truncation of the importance weight ``exp(old - engine)``; unset: 2 (needs use_tis)."""
+    overlong_buffer_len: int | None = attrs.field(default=None, validator=f.optional_positive)
+    """DAPO's soft overlong punishment over the last N tokens before ``generate_max_len``."""
+    overlong_penalty_factor: float | None = attrs.field(
+        default=None, validator=f.optional_non_negative
+    )
+    """The punishment at ``generate_max_len``; unset: 1 (needs overlong_buffer_len)."""
+    use_fire_sampling: bool = False
+    """FIRE: sample each response's first token at a high temperature, the rest as usual."""
+    fire_first_token_temperature: float | None = attrs.field(
+        default=None, validator=f.optional_positive_float
+    )
+    """FIRE's first-token temperature; unset: 10 (needs use_fire_sampling)."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal and refill the batch."""
+    max_num_gen_batches: int | None = attrs.field(default=None, validator=f.optional_positive)
+    """Generate rounds per iteration with dynamic_sampling, the first included; unset: 4."""
+    gradient_checkpointing: bool = False
+    fsdp_cpu_offload: bool = False
+    fsdp_reshard_after_forward: bool = True
+    """Free each FSDP2 layer's gathered weights after its forward (False: keep them to backward)."""
+    fsdp_defer_gradient_sync: bool = False
+    """Reduce FSDP2 gradients once per optimizer step instead of once per micro-batch."""
+    zero_stage: int | None = attrs.field(default=None, validator=f.zero_stage)
+    """Train with DeepSpeed ZeRO at this stage instead of FSDP2 (``None``: FSDP2)."""
+    deepspeed_config: str | None = None
+    """A DeepSpeed JSON file merged into the generated config (needs ``zero_stage``)."""
+    adam_offload: bool = False
+    seed: int = 42
+    # bookkeeping -----------------------------------------------------------------------------
+    save_path: str = "./lrft_output"
+    ckpt_path: str | None = None
+    save_steps: int = attrs.field(default=-1, validator=f.every_n_or_never)
+    """Checkpoint every N iterations; -1: never."""
+    max_ckpt_num: int = attrs.field(default=3, validator=f.positive)
+    load_checkpoint: bool = False
+    """Resume from the newest complete checkpoint in ``checkpoint_dir``; its settings must
+    match this run's but for :data:`lrft.trainer.resume.RESUMABLE_SETTINGS`."""
+    overwrite_output: bool = False
+    """Start a new run over another run's outputs in ``save_path`` and ``checkpoint_dir``,
+    removing exactly those outputs first (:mod:`lrft.trainer.outputs`); without it such a run
+    is refused."""
+    eval_steps: int = attrs.field(default=-1, validator=f.every_n_or_never)
+    """Evaluate every N iterations; -1: at the start and the end only."""
+    save_hf_model: bool = True
+    use_tensorboard: bool = attrs.field(
+        default=attrs.Factory(_tensorboard_default, takes_self=True),
+        validator=_tensorboard_installed,
+    )
+    """Also write the metrics as TensorBoard scalars under ``SAVE_PATH/tensorboard``.
+
+    Needs ``pip install 'lrft[plots]'``. Default: on for the built-in demo and the presets when
+    tensorboard is installed, off otherwise.
+    """
+    use_wandb: bool = attrs.field(default=False, validator=f.wandb_switch)
+    """Also log the config and the metrics to Weights & Biases, from rank 0.
+
+    Needs ``pip install 'lrft[wandb]'``. A switch, unlike LightRFT's flag of the same name (which
+    takes the API key): wandb reads the key from ``WANDB_API_KEY`` or from ``wandb login``, so it
+    never appears in process lists, config files or checkpoint manifests.
+    """
+    wandb_project: str | None = None
+    """The W&B project (unset: ``lrft``). This and the next three need ``use_wandb``."""
+    wandb_org: str | None = None
+    """The W&B entity (user or team) owning the run; unset: the account's default."""
+    wandb_group: str | None = None
+    wandb_run_name: str | None = None
+    """The run's display name; unset: W&B picks one."""
+    progress_bar: bool = True
+    """Rank 0 draws a progress bar when its stdout is a terminal; otherwise, or when this is
+    off, it prints one line per step."""
+    save_trajectories: bool = False
+    """Write every sample of each iteration to ``SAVE_PATH/trajectories/step_<k>.jsonl``."""
+    save_trajectories_steps: int | None = attrs.field(default=None, validator=f.optional_positive)
+    """With ``save_trajectories``: only every N iterations (unset: every iteration)."""
+    collective_timeout_s: float = attrs.field(default=600.0, validator=f.positive_float)
+    """How long a rank waits at a collective for the slowest rank before it fails with a
+    ``CollectiveTimeout`` naming its phase, its step and the other ranks' (exit code 3). It bounds
+    what one rank may do while the others wait: a longer generation, a reward service's retries
+    (checked), a first compile, the rank that writes the export. A stopped or dead rank is
+    reported after half of it (60 s at most), see :mod:`lrft.dist.watchdog`."""
+
+    @property
+    def reward_count(self) -> int:
+        """How many rewards are combined: reward_fn, each reward model, each remote service."""
+        # Derived, yet here: the checks count the rewards.
+        return (self.reward_fn is not None) + len(self.reward_pretrain) + len(self.remote_rm_url)

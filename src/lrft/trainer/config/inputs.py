@@ -1,0 +1,132 @@
+"""The checks of :class:`lrft.trainer.config.TrainConfig` that read this machine: model folders,
+prompt and DeepSpeed files, and the environment variables that hold reward-service credentials.
+
+:meth:`TrainConfig.validate_inputs` runs them; ``lrft train`` calls it on every rank before any
+process group starts (and ``build_trainer`` again, after a preset or the demo filled in its
+paths), so a wrong path is one ``ConfigError`` line naming the flag, the path and what is
+missing, instead of a transformers traceback from inside a started job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from lrft.api.errors import ConfigError
+from lrft.trainer.config.fields import TrainFields
+
+MODEL_CONFIG = "config.json"
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+"""The weights ``from_pretrained`` reads, whole or sharded (``<name>.index.json`` + shards)."""
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.json",
+    "vocab.txt",
+)
+"""Files one of which a tokenizer folder holds (fast, SentencePiece, BPE or WordPiece
+vocabularies); tiktoken vocabularies end in ``.tiktoken``."""
+
+_MODEL_FOLDER = "a Hugging Face model folder (config.json, weights, tokenizer files)"
+
+
+def _weights_problem(folder: Path) -> str | None:
+    """What is wrong with the folder's weights, or None when ``from_pretrained`` finds them."""
+    for name in WEIGHT_FILES:
+        if (folder / name).is_file():
+            return None
+        index = folder / f"{name}.index.json"
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+                shards = sorted(set(weight_map.values()))
+            except (ValueError, KeyError, TypeError, AttributeError) as error:
+                return f"{index.name} has no readable weight_map ({type(error).__name__})"
+            missing = [shard for shard in shards if not (folder / shard).is_file()]
+            if missing:
+                return f"{index.name} names shard(s) that are missing: {', '.join(missing)}"
+            return None
+    names = ", ".join(
+        name for weights in WEIGHT_FILES for name in (weights, f"{weights}.index.json")
+    )
+    return f"has no weights (none of {names})"
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in TOKENIZER_FILES) or any(
+        folder.glob("*.tiktoken")
+    )
+
+
+def check_model_folder(flag: str, path: str, *, tokenizer: bool) -> None:
+    """``path`` (given as ``--flag``) is a model folder with a config, weights and, when
+    ``tokenizer``, tokenizer files; raises ``ConfigError`` saying which is missing."""
+    folder = Path(path)
+    where = f"--{flag} {path!r}"
+    if not folder.exists():
+        raise ConfigError(f"{where}: no such folder (expected {_MODEL_FOLDER})")
+    if not folder.is_dir():
+        raise ConfigError(f"{where} is a file, not a folder (expected {_MODEL_FOLDER})")
+    config_file = folder / MODEL_CONFIG
+    if not config_file.is_file():
+        raise ConfigError(f"{where} has no {MODEL_CONFIG}: not {_MODEL_FOLDER}")
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{where}: {MODEL_CONFIG} cannot be read as JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{where}: {MODEL_CONFIG} holds a {type(config).__name__}, not an object")
+    problem = _weights_problem(folder)
+    if problem is not None:
+        raise ConfigError(f"{where} {problem}")
+    if tokenizer and not _has_tokenizer(folder):
+        raise ConfigError(
+            f"{where} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}, *.tiktoken): "
+            "save the tokenizer into it with tokenizer.save_pretrained(folder)"
+        )
+
+
+def _check_exists(flag: str, path: str | None, what: str) -> None:
+    if path is not None and not Path(path).exists():
+        raise ConfigError(f"--{flag} {path!r}: no such file or folder ({what})")
+
+
+_DATA = "prompt data is read from local JSONL, JSON or Parquet files or a datasets folder"
+
+
+def check_auth_variables(config: TrainFields) -> None:
+    """Each variable ``remote_rm_auth_env`` names is set, non-empty and one header line; the
+    messages name the variable, never its value."""
+    for name in config.remote_rm_auth_env:
+        if not name:
+            continue
+        value = os.environ.get(name)
+        if not value:
+            raise ConfigError(
+                f"--remote_rm_auth_env {name}: the environment variable {name} is "
+                f"{'empty' if value == '' else 'not set'} (it holds the reward service's token; "
+                "set it on every node)"
+            )
+        if any(character in value for character in "\r\n\0"):
+            raise ConfigError(
+                f"--remote_rm_auth_env {name}: the value of {name} has a line break or NUL "
+                "character, which cannot go in an HTTP header"
+            )
+
+
+def validate_inputs(config: TrainFields) -> None:
+    """See :meth:`lrft.trainer.config.TrainConfig.validate_inputs`."""
+    if config.pretrain is not None:
+        check_model_folder("pretrain", config.pretrain, tokenizer=True)
+    for path in config.reward_pretrain:
+        check_model_folder("reward_pretrain", path, tokenizer=True)
+    if config.critic_pretrain is not None:
+        # The critic is scored on the actor's tokens: it needs no tokenizer of its own.
+        check_model_folder("critic_pretrain", config.critic_pretrain, tokenizer=False)
+    _check_exists("prompt_data", config.prompt_data, _DATA)
+    _check_exists("eval_dataset", config.eval_dataset, _DATA)
+    _check_exists("deepspeed_config", config.deepspeed_config, "a DeepSpeed JSON file")
+    check_auth_variables(config)

@@ -1,0 +1,179 @@
+"""The trainer's settings: one frozen record, validated whole before any process group starts.
+
+:class:`TrainConfig` is :class:`lrft.trainer.config.fields.TrainFields` (every field, each
+checked on its own as it is set), checked across fields at construction
+(:mod:`lrft.trainer.config.checks`), with the values derived from its fields: the defaults of
+the settings left unset, the policy loss's settings, the engine's memory share.
+:meth:`TrainConfig.validate_world` checks the rules that depend on the number of ranks, read from
+torchrun's environment before ``init_process_group``, and :meth:`TrainConfig.validate_inputs`
+those that read this machine (:mod:`lrft.trainer.config.inputs`). Errors name the value and the
+rule.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, cast
+
+import attrs
+
+from lrft.algo import AdvantageParams, AggregationMode, PolicyLossConfig, advantage_estimators
+from lrft.api.errors import ConfigError
+from lrft.trainer.config import checks, inputs
+from lrft.trainer.config.fields import TrainFields
+
+DEFAULT_GAMMA = 1.0
+DEFAULT_LAMBD = 0.95
+DEFAULT_CRITIC_LEARNING_RATE = 9e-6
+DEFAULT_VALUE_CLIP = 0.2
+DEFAULT_TIS_CAP = 2.0
+DEFAULT_OVERLONG_PENALTY_FACTOR = 1.0
+DEFAULT_FIRE_TEMPERATURE = 10.0
+DEFAULT_MAX_NUM_GEN_BATCHES = 4
+DEFAULT_ENGINE_MEM_UTIL = 0.5
+"""The vllm engine's share of a device when ``engine_mem_util`` is unset (LightRFT's default):
+the other half stays with training."""
+CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+"""vLLM's CPU KV-cache size in GiB; when set, vLLM 0.32 never reads ``gpu_memory_utilization``."""
+
+
+@attrs.frozen(kw_only=True)
+class TrainConfig(TrainFields):
+    """Everything ``lrft train`` does; see ``lrft train --help`` for each field's meaning."""
+
+    def __attrs_post_init__(self) -> None:
+        # The order decides which error a config with several faults reports.
+        checks.check_run_settings(self)
+        checks.check_reward_settings(self)
+        checks.check_training_settings(self)
+        checks.check_estimator_settings(self)
+        checks.check_algorithm_settings(self)
+        checks.check_policy_loss(self, self.policy_loss_config())
+        checks.check_observability_settings(self)
+        checks.check_engine_settings(self)
+
+    def validate_world(self, world_size: int) -> None:
+        """The rules that depend on the number of ranks; raises ``ConfigError`` naming each."""
+        checks.validate_world(self, world_size)
+
+    def validate_inputs(self) -> None:
+        """The rules that read this machine: every model folder (``pretrain``,
+        ``reward_pretrain``, ``critic_pretrain``) has a config, weights and (but the critic's)
+        tokenizer files, the prompt files and ``deepspeed_config`` exist, and the
+        ``remote_rm_auth_env`` variables are set. Raises ``ConfigError`` naming the flag, the
+        path and what is missing."""
+        inputs.validate_inputs(self)
+
+    def engine_memory_share(
+        self, *, local_world_size: int, on_cuda: bool, environ: Mapping[str, str] = os.environ
+    ) -> float:
+        """The vllm engine's ``gpu_memory_utilization`` on this rank; raises ``ConfigError``.
+
+        CUDA: the share of this rank's GPU for the engine's weights, activations and KV cache.
+        CPU: vLLM 0.32's CPU worker reads the same setting as the share of the host's memory
+        (its NUMA node's) that its process may grow to, and gives the KV cache that share minus
+        what the process already holds, trainer included. The ranks of a host share that memory,
+        so ``engine_mem_util * local_world_size`` must be <= 1, and the unset default splits 0.5
+        over them. ``VLLM_CPU_KVCACHE_SPACE`` (GiB) replaces the share on CPU: with it set, an
+        ``engine_mem_util`` would be ignored and is refused.
+        """
+        share = self.engine_mem_util
+        if on_cuda:
+            return DEFAULT_ENGINE_MEM_UTIL if share is None else share
+        if share is None:
+            return DEFAULT_ENGINE_MEM_UTIL / local_world_size
+        if environ.get(CPU_KV_CACHE_ENV, "") != "":
+            raise ConfigError(
+                f"engine_mem_util {share} would be ignored: {CPU_KV_CACHE_ENV}="
+                f"{environ[CPU_KV_CACHE_ENV]} is set, and vLLM's CPU backend then sizes its KV "
+                f"cache from it alone; unset one of them"
+            )
+        if share * local_world_size > 1.0:
+            raise ConfigError(
+                f"engine_mem_util {share} x {local_world_size} ranks on this host = "
+                f"{share * local_world_size:.2f} of the host's memory: on CPU the ranks of a host "
+                "share its memory, so engine_mem_util x ranks per host must be <= 1"
+            )
+        return share
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.ckpt_path if self.ckpt_path is not None else f"{self.save_path}/checkpoints"
+
+    @property
+    def samples_per_rollout(self) -> int:
+        return self.rollout_batch_size * self.n_samples_per_prompt
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the estimator reads critic values, so that a critic is trained."""
+        return advantage_estimators.get(self.advantage_estimator).needs_values
+
+    @property
+    def advantage_params(self) -> AdvantageParams:
+        """The estimator's parameters, with the defaults for ``gamma`` and ``lambd`` when unset."""
+        return AdvantageParams(
+            gamma=DEFAULT_GAMMA if self.gamma is None else self.gamma,
+            lambd=DEFAULT_LAMBD if self.lambd is None else self.lambd,
+        )
+
+    @property
+    def critic_lr(self) -> float:
+        """``critic_learning_rate``, or its default when unset."""
+        rate = self.critic_learning_rate
+        return DEFAULT_CRITIC_LEARNING_RATE if rate is None else rate
+
+    @property
+    def value_clip_range(self) -> float | None:
+        """``value_clip`` (its default when unset), ``None`` when set to 0 (clipping off)."""
+        clip = DEFAULT_VALUE_CLIP if self.value_clip is None else self.value_clip
+        return clip if clip > 0 else None
+
+    def policy_loss_config(self) -> PolicyLossConfig:
+        """The settings of ``policy_loss_type`` from the flags (``generate_max_len`` is the
+        constant divisor of ``seq-mean-token-sum-norm``)."""
+        low, high = (None, None) if self.eps_clip_low_high is None else self.eps_clip_low_high
+        mode = cast("AggregationMode | None", self.loss_agg_mode)
+        return PolicyLossConfig(
+            eps_clip=self.eps_clip,
+            eps_clip_low=low,
+            eps_clip_high=high,
+            dual_clip=self.dual_clip,
+            aggregation=mode,
+            max_len=self.generate_max_len if mode == "seq-mean-token-sum-norm" else None,
+            tis_cap=self.truncated_is_cap,
+        )
+
+    @property
+    def truncated_is_cap(self) -> float | None:
+        """The importance-weight cap in force: ``tis_cap`` (2 when unset); ``None`` without TIS."""
+        if not self.use_tis:
+            return None
+        return DEFAULT_TIS_CAP if self.tis_cap is None else self.tis_cap
+
+    @property
+    def overlong_factor(self) -> float:
+        """``overlong_penalty_factor``, or its default when unset."""
+        factor = self.overlong_penalty_factor
+        return DEFAULT_OVERLONG_PENALTY_FACTOR if factor is None else factor
+
+    @property
+    def first_token_temperature(self) -> float | None:
+        """FIRE's first-token temperature (10 when unset); ``None`` without FIRE sampling."""
+        if not self.use_fire_sampling:
+            return None
+        temperature = self.fire_first_token_temperature
+        return DEFAULT_FIRE_TEMPERATURE if temperature is None else temperature
+
+    @property
+    def generate_rounds(self) -> int:
+        """Generate rounds per iteration: ``max_num_gen_batches`` (4 when unset) with dynamic
+        sampling, else 1."""
+        if not self.dynamic_sampling:
+            return 1
+        rounds = self.max_num_gen_batches
+        return DEFAULT_MAX_NUM_GEN_BATCHES if rounds is None else rounds
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)

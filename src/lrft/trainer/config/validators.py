@@ -1,0 +1,223 @@
+"""Each field's own rule: the validators and converters of :mod:`lrft.trainer.config.fields`.
+
+Each raises ``ConfigError`` naming the field, the value and the rule. Numeric checks refuse
+booleans and non-numbers themselves (a config file can hold any JSON value), which is why they
+do not reuse the bare comparisons of :mod:`lrft.api.validators`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import urllib.parse
+from typing import Any
+
+import attrs
+
+from lrft.algo import AGGREGATION_MODES, advantage_estimators, kl_estimators, policy_losses
+from lrft.api.errors import ConfigError
+from lrft.api.redaction import redact
+from lrft.api.validators import optional, positive_int
+from lrft.trainer.config.choices import ENGINE_MAX_TP, HF_DECODE_PATHS, PRESET_NAMES
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""What an environment variable's name may be (``remote_rm_auth_env`` holds names, not tokens)."""
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+positive = positive_int
+
+
+def non_negative(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not _is_number(value) or not value >= 0:
+        raise ConfigError(f"{attribute.name} must be >= 0, got {value!r}")
+
+
+def positive_float(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not _is_number(value) or not value > 0:
+        raise ConfigError(f"{attribute.name} must be > 0, got {value!r}")
+
+
+def _unit_interval(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not _is_number(value) or not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{attribute.name} must be in [0, 1], got {value!r}")
+
+
+def _fraction(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not _is_number(value) or not 0.0 < value <= 1.0:
+        raise ConfigError(f"{attribute.name} must be in (0, 1], got {value!r}")
+
+
+def every_n_or_never(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not (value == -1 or value > 0):
+        raise ConfigError(
+            f"{attribute.name} must be a positive number of iterations or -1, got {value!r}"
+        )
+
+
+optional_positive = optional(positive)
+optional_non_negative = optional(non_negative)
+optional_positive_float = optional(positive_float)
+optional_unit_interval = optional(_unit_interval)
+optional_fraction = optional(_fraction)
+
+
+def token_ratio(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not _is_number(value) or not 0.0 <= value < 1.0:
+        raise ConfigError(
+            f"{attribute.name} must be in [0, 1) (the top fraction of tokens kept; 0 keeps "
+            f"all), got {value!r}"
+        )
+
+
+def zero_stage(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
+    if value is not None and value not in (1, 2, 3):
+        raise ConfigError(f"{attribute.name} must be 1, 2 or 3 (or unset for FSDP2), got {value!r}")
+
+
+# Choices among registries are looked up at validation time: users may register estimators and
+# losses after this module is imported.
+
+
+def estimator(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value not in advantage_estimators:
+        raise ConfigError(
+            f"{attribute.name} {value!r} is unknown; choose one of "
+            f"{', '.join(advantage_estimators.names())}"
+        )
+
+
+def policy_loss(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value not in policy_losses:
+        raise ConfigError(
+            f"{attribute.name} {value!r} is unknown; choose one of {', '.join(policy_losses.names())}"
+        )
+
+
+def kl_estimator(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value not in kl_estimators:
+        raise ConfigError(
+            f"{attribute.name} {value!r} is unknown; choose one of {', '.join(kl_estimators.names())}"
+        )
+
+
+def aggregation(_: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and value not in AGGREGATION_MODES:
+        raise ConfigError(
+            f"{attribute.name} {value!r} is unknown; choose one of {', '.join(AGGREGATION_MODES)}"
+        )
+
+
+def engine(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value not in ENGINE_MAX_TP:
+        raise ConfigError(
+            f"{attribute.name} {value!r} is unknown; choose one of {list(ENGINE_MAX_TP)}"
+        )
+
+
+def hf_decode(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value not in HF_DECODE_PATHS:
+        raise ConfigError(
+            f"{attribute.name} {value!r} is unknown; choose one of {list(HF_DECODE_PATHS)}"
+        )
+
+
+def preset(_: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and value not in PRESET_NAMES:
+        raise ConfigError(
+            f"{attribute.name} {value!r} is unknown; choose one of {list(PRESET_NAMES)}"
+        )
+
+
+def wandb_switch(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    # LightRFT passes the API key in this flag; a config file copied from it would make a
+    # truthy string here. Refuse it without echoing it: it is a secret.
+    if not isinstance(value, bool):
+        raise ConfigError(
+            f"{attribute.name} must be true or false, got a {type(value).__name__}; lrft reads "
+            "the W&B API key from the WANDB_API_KEY environment variable (or `wandb login`), "
+            "never from its configuration"
+        )
+
+
+def redacted_repr(value: object) -> str:
+    """The field's ``repr`` with URL credentials hidden (attrs' ``repr=`` hook)."""
+    return repr(redact(value))
+
+
+def http_urls(_: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
+    for url in value:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(
+                f"{attribute.name} entry {redact(url)!r} must be an http:// or https:// URL"
+            )
+
+
+# converters ---------------------------------------------------------------------------------
+
+
+def clip_pair(value: object) -> tuple[float, float] | None:
+    """``eps_clip_low_high`` as a pair of floats (its bounds are checked with the other clips)."""
+    if value is None:
+        return None
+    numbers = isinstance(value, list | tuple) and len(value) == 2 and all(map(_is_number, value))
+    if not numbers:
+        raise ConfigError(f"eps_clip_low_high must be two numbers LOW HIGH, got {value!r}")
+    assert isinstance(value, list | tuple)
+    return (float(value[0]), float(value[1]))
+
+
+def _items(value: str | list[str] | tuple[str, ...] | None, name: str) -> tuple[str, ...]:
+    """A comma-separated string (LightRFT's form) or a list, as a tuple of stripped items."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    stripped = tuple(str(item).strip() for item in items)
+    if any(not item for item in stripped):
+        raise ConfigError(
+            f"{name} {redact(value)!r} has an empty entry; separate entries with single commas"
+        )
+    return stripped
+
+
+def reward_paths(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    return _items(value, "reward_pretrain")
+
+
+def reward_urls(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    return _items(value, "remote_rm_url")
+
+
+def auth_env_names(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """``remote_rm_auth_env``: variable names, one per URL; an empty entry sends no header."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = tuple(str(item).strip() for item in items)
+    for name in names:
+        if name and ENV_NAME.fullmatch(name) is None:
+            raise ConfigError(
+                f"remote_rm_auth_env entry {name!r} is not an environment variable name "
+                "(letters, digits and _, not starting with a digit): give the variable's name, "
+                "never the token itself"
+            )
+    if names and not any(names):
+        raise ConfigError(f"remote_rm_auth_env {value!r} names no variable")
+    return names
+
+
+def weights(value: str | list[float] | tuple[float, ...] | None) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        weights = tuple(float(item) for item in items)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"reward_weights {value!r} must be numbers: {error}") from error
+    if not weights or not all(math.isfinite(w) for w in weights):
+        raise ConfigError(f"reward_weights {value!r} must be one or more finite numbers")
+    return weights
