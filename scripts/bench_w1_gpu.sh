@@ -16,11 +16,18 @@
 #   lrft_1p5b.json      lrft's FSDP2 training MFU on the 1.5 B config, its sync and sleep
 #   trl_w2.json         TRL on W2 (the 1.5 B shape, 128 x 1024 tokens): median s/step of steps 2-4
 #   lrft_w2.json        lrft on W2: GRPO per phase (lrft bench grpo --workload w2)
+#   trl_w2_ragged.json  TRL on W2 with each response forced to lrft's w2-ragged lengths
+#                       (scripts/trl_w2_ragged.py: EOS forced at log-uniform lengths 64-1024)
+#   lrft_w2_ragged.json lrft on w2-ragged: GRPO per phase, generate against the full batch's rate
 #   *.log               each stage's output
 # Each stage has its own time limit (seconds; LIMIT_<stage> overrides), chosen so that all of
 # them fit one device call (600 s): a slow stage leaves the others' results. STAGES picks the
-# stages, e.g. STAGES="lrft_w1" to rerun lrft alone; the W2 pair fits one call of its own:
+# stages, e.g. STAGES="lrft_w1" to rerun lrft alone; W2_STEPS (default 4) sets the W2 stages'
+# steps (3: medians of steps 2-3). The W2 pair fits one call of its own, and so does the pair of
+# ragged runs; the four W2 stages fit one call at W2_STEPS=3 with tighter limits (they run in
+# this order; the lrft one compiles first, the second finds inductor's cache warm):
 #   run(command='STAGES="trl_w2 lrft_w2" bash scripts/bench_w1_gpu.sh run', carry=[".whl", ".bench"])
+#   run(command='STAGES="lrft_w2_ragged trl_w2_ragged trl_w2 lrft_w2" W2_STEPS=3 LIMIT_trl_w2_ragged=130 LIMIT_trl_w2=140 LIMIT_lrft_w2=140 bash scripts/bench_w1_gpu.sh run', carry=[".whl", ".bench"])
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -83,13 +90,26 @@ run() {
         stage lrft_1p5b "${LIMIT_lrft_1p5b:-110}" env PYTHONPATH="$here/src" python3 -m lrft \
             bench all --workload qwen2-1.5b --output "$out/lrft_1p5b.json" --work_dir /tmp/lrft-bench
     fi
+    local w2_steps="${W2_STEPS:-4}"
+    if [[ $stages == *" lrft_w2_ragged "* ]]; then
+        stage lrft_w2_ragged "${LIMIT_lrft_w2_ragged:-170}" env PYTHONPATH="$here/src" python3 -m \
+            lrft bench grpo --workload w2-ragged --steps "$w2_steps" \
+            --output "$out/lrft_w2_ragged.json" --work_dir /tmp/lrft-bench
+    fi
+    if [[ $stages == *" trl_w2_ragged "* ]]; then
+        stage trl_w2_ragged "${LIMIT_trl_w2_ragged:-150}" env STEPS="$w2_steps" \
+            PYTHONPATH="/tmp/trl-site:$here/src" python3 scripts/trl_w2_ragged.py
+        grep '^{' "$out/trl_w2_ragged.log" | tail -n 1 > "$out/trl_w2_ragged.json"
+    fi
     if [[ $stages == *" trl_w2 "* ]]; then
-        stage trl_w2 "${LIMIT_trl_w2:-250}" env PYTHONPATH=/tmp/trl-site python3 .bench/trl_w2.py
+        stage trl_w2 "${LIMIT_trl_w2:-250}" env STEPS="$w2_steps" PYTHONPATH=/tmp/trl-site \
+            python3 .bench/trl_w2.py
         grep '^{' "$out/trl_w2.log" | tail -n 1 > "$out/trl_w2.json"
     fi
     if [[ $stages == *" lrft_w2 "* ]]; then
         stage lrft_w2 "${LIMIT_lrft_w2:-330}" env PYTHONPATH="$here/src" python3 -m lrft bench \
-            grpo --workload w2 --output "$out/lrft_w2.json" --work_dir /tmp/lrft-bench
+            grpo --workload w2 --steps "$w2_steps" --output "$out/lrft_w2.json" \
+            --work_dir /tmp/lrft-bench
     fi
     ls -la "$out"
 }

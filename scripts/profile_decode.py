@@ -11,7 +11,11 @@ no stop id (every row runs to the end). Reports
 - the step's bandwidth floor: the bytes of the weights plus the mean live KV cache, read once at
   the device-to-device copy bandwidth measured in the same run (its read+write rate);
 - the CUDA kernels of ``--profile_tokens`` decode steps by total device time (torch.profiler),
-  on the engine's own path and, with ``--eager_profile``, on the uncompiled static loop.
+  on the engine's own path and, with ``--eager_profile``, on the uncompiled static loop;
+- with ``--ragged``, rollouts whose responses are forced to ragged lengths (the ``w2-ragged``
+  workload's, through per-request caps) in the same rows: as many sequences as rows (finished
+  rows only leave; steps move to fewer rows) and ``--queue`` times as many (finished rows are
+  refilled), each against the ideal: its tokens at the uniform rollout's rate.
 
 Prints one JSON object and writes it to ``--out``:
 
@@ -32,7 +36,8 @@ import torch
 from lrft.api import GenerationRequest, SamplingParams
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.bench.assets import prompt_ids, random_model
-from lrft.bench.workloads import load_workload
+from lrft.bench.ragged import forced_lengths
+from lrft.bench.workloads import RaggedSpec, load_workload
 
 
 def synchronize(device: torch.device) -> None:
@@ -86,6 +91,47 @@ def kernel_table(
     ]
 
 
+def ragged_rollouts(
+    engine: HFRolloutEngine,
+    prompts: list[tuple[int, ...]],
+    params: SamplingParams,
+    *,
+    rows: int,
+    queues: list[int],
+    full_rate: float,
+    repeats: int,
+) -> list[dict[str, Any]]:
+    """Rollouts of ``rows * queue`` sequences, each capped at its forced length, timed like the
+    uniform one (median of ``repeats`` after a first call)."""
+    spec = load_workload("w2-ragged").grpo.ragged  # type: ignore[union-attr]  # it has one
+    longest = params.max_new_tokens  # the workload's own, where it differs from W2's
+    spec = RaggedSpec(min_tokens=min(spec.min_tokens, longest), max_tokens=longest, seed=spec.seed)
+    figures = []
+    for queue in queues:
+        count = rows * queue
+        lengths = forced_lengths(spec, 0, count)
+        requests = [
+            GenerationRequest(prompt_token_ids=prompts[i % len(prompts)], max_new_tokens=length)
+            for i, length in enumerate(lengths)
+        ]
+        single = SamplingParams(
+            temperature=params.temperature, top_p=params.top_p,
+            max_new_tokens=params.max_new_tokens, return_logprobs=True, seed=0,
+        )  # fmt: skip
+        timed(engine, requests, single)
+        seconds = statistics.median(timed(engine, requests, single) for _ in range(repeats))
+        tokens = sum(lengths)
+        ideal = tokens / full_rate
+        figures.append({
+            "sequences": count, "rows": rows, "tokens": tokens,
+            "mean_length": round(tokens / count, 1), "longest": max(lengths),
+            "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1),
+            "ideal_seconds": round(ideal, 3), "over_ideal": round(seconds / ideal, 2),
+        })  # fmt: skip
+        print(json.dumps({"ragged": figures[-1]}), flush=True)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="w2")
@@ -94,6 +140,8 @@ def main() -> None:
     parser.add_argument("--profile_tokens", type=int, default=64)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--eager_profile", action="store_true")
+    parser.add_argument("--ragged", action="store_true", help="also time ragged rollouts")
+    parser.add_argument("--queue", type=int, default=4, help="sequences per row, refilled")
     parser.add_argument("--out", type=Path, default=Path("profile_decode.json"))
     parser.add_argument("--device", default="cuda:0", help="cpu for a dry run of the script")
     args = parser.parse_args()
@@ -169,6 +217,12 @@ def main() -> None:
         else None,
     )
     print(json.dumps(result), flush=True)
+    if args.ragged:
+        many = [tuple(p) for p in prompt_ids(workload.grpo.prompts, spec.vocab_size)]
+        result["ragged"] = ragged_rollouts(
+            engine, many, params, rows=rows, queues=[1, args.queue],
+            full_rate=rows * new_tokens / rollout, repeats=args.repeats,
+        )  # fmt: skip
     short = SamplingParams(
         n=params.n,
         temperature=params.temperature,

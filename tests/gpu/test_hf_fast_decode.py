@@ -209,3 +209,58 @@ def _worst_logprob_error(
         got = torch.tensor(result.logprobs, device=DEVICE)
         worst = max(worst, float((got - want).abs().max()))
     return worst
+
+
+def _capped_requests(
+    count: int, vocab: int, seed: int, caps_seed: int = 0
+) -> list[GenerationRequest]:
+    """``_requests`` with caps from 1 to 40 tokens, so that rows end at many different steps."""
+    generator = torch.Generator().manual_seed(caps_seed + 100)
+    caps = torch.randint(1, 41, (count,), generator=generator).tolist()
+    return [
+        GenerationRequest(
+            prompt_token_ids=r.prompt_token_ids, request_id=r.request_id, max_new_tokens=cap
+        )
+        for r, cap in zip(_requests(count, vocab, seed), caps, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("decode", ["cuda_graph", "compiled"])
+def test_refilled_and_compacted_rows_decode_the_reference(decode: str) -> None:
+    """fp32 tiny model, 40 capped sequences in 8 rows: rows are refilled (prefills between
+    replays), then compacted to 4 rows, and graphs are captured in the middle of the call for
+    the widths and rows it meets. Every sequence's greedy tokens are the reference decode of
+    its own cap; a second call with other caps (other widths and rows) compiles nothing more."""
+    reference = tiny_causal_lm(0)
+    torch.nn.Module.to(reference, DEVICE)
+    engine = HFRolloutEngine(
+        tiny_causal_lm(0), config=HFEngineConfig(device=DEVICE, decode=decode, max_batch_size=8)
+    )
+    params = SamplingParams(temperature=0.0, max_new_tokens=40)
+    for seed in (0, 1):
+        # the same prompts (one cache shape), other caps
+        requests = _capped_requests(40, 256, seed=0, caps_seed=seed)
+        with torch._dynamo.config.patch(error_on_recompile=seed > 0):
+            results = engine.generate(requests, params)
+        for request, result in zip(requests, results, strict=True):
+            assert request.max_new_tokens is not None
+            want = greedy_continuation(reference, request.prompt_token_ids, request.max_new_tokens)
+            assert list(result.output_token_ids) == want, (seed, request.request_id)
+            assert result.finish_reason == "length"
+    engine.shutdown()
+
+
+def test_bf16_refilled_rows_match_plain_transformers(bf16_engine: HFRolloutEngine) -> None:
+    """The bf16 model of the parity test with 24 capped sequences of 2 samples through the
+    engine's 32 rows (refills) and its compaction: every token's logprob within the bf16
+    tolerance of a full unpadded forward, every sample exactly its request's cap long."""
+    reference = _mid_model(0)
+    torch.nn.Module.to(reference, DEVICE, torch.bfloat16)  # PreTrainedModel's to() is untyped
+    requests = _capped_requests(24, 4096, seed=2)
+    params = SamplingParams(n=2, temperature=0.8, max_new_tokens=48, seed=4, return_logprobs=True)
+    results = bf16_engine.generate(requests, params)
+    caps = [r.max_new_tokens for r in requests for _ in range(2)]
+    assert [len(r.output_token_ids) for r in results] == caps
+    worst = _worst_logprob_error(reference, results, temperature=0.8)
+    print(f"bf16 refilled rows: max |logprob diff| {worst:.4f}")
+    assert worst <= BF16_LOGPROB_TOLERANCE

@@ -16,12 +16,8 @@ import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from lrft.api import ConfigError, GenerationRequest, SamplingParams
-from lrft.backends.rollout._hf_decode import (
-    PAD_ID,
-    StaticDecoder,
-    _top_k_top_p,
-    static_decode_unsupported,
-)
+from lrft.backends.rollout._hf_decode import StaticDecoder, static_decode_unsupported
+from lrft.backends.rollout._hf_sampling import top_k_top_p
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.testing.models import tiny_causal_lm, tiny_qwen2_config
 
@@ -45,7 +41,7 @@ def test_truncation_matches_transformers_warpers(top_k: int, top_p: float) -> No
         want = TopPLogitsWarper(top_p)(input_ids, want)
     vocab = scores.shape[1]
     index = torch.full((4, 1), vocab - top_k if top_k > 0 else 0)
-    got = _top_k_top_p(scores, index, torch.tensor(top_p))
+    got = top_k_top_p(scores, index, torch.tensor(top_p))
     assert torch.equal(torch.isinf(got), torch.isinf(want)), (top_k, top_p)
     assert torch.equal(got[~torch.isinf(got)], want[~torch.isinf(want)])
 
@@ -97,15 +93,17 @@ def test_stops_early_once_every_row_stopped() -> None:
     model = tiny_causal_lm(0)
     decoder = StaticDecoder(model, torch.device("cpu"), cuda_graphs=False, check_every=4)
     greedy = SamplingParams(temperature=0.0, max_new_tokens=40)
+    prompts = [PROMPT, PROMPT]
     with torch.inference_mode():
-        full = decoder.decode([PROMPT], 2, greedy)
-        assert full.tokens.shape == (1, 40)
-        stop = int(full.tokens[0, 0])  # the first token: the row stops at step 0
-        stopped = decoder.decode([PROMPT], 2, attrs.evolve(greedy, stop_token_ids=(stop,)))
-    # The padding row repeats the prompt, so both rows stop at step 0; the host looks every 4
-    # steps, so 4 steps ran rather than 40 (the rows hold padding after their stop).
-    assert stopped.tokens.shape == (1, 4), stopped.tokens.shape
-    assert stopped.tokens[0].tolist() == [stop, PAD_ID, PAD_ID, PAD_ID]
+        full = decoder.decode(prompts, [40, 40], 2, greedy)
+        assert full.lengths.tolist() == [40, 40]
+        assert full.steps == 39
+        stop = int(full.tokens[0, 0])  # the first token: both rows stop at step 0
+        stopped = decoder.decode(prompts, [40, 40], 2, attrs.evolve(greedy, stop_token_ids=(stop,)))
+    # The host reads the stop flags every 4 steps: 4 steps ran rather than 39.
+    assert stopped.steps == 4, stopped.steps
+    assert stopped.lengths.tolist() == [1, 1]
+    assert stopped.tokens[:, 0].tolist() == [stop, stop]
 
 
 def test_decode_settings_are_checked() -> None:
@@ -137,11 +135,11 @@ def test_compiled_step_needs_no_recompile_after_release() -> None:
     )
     prompts = [PROMPT, (100, 3, 77)]
     with torch.inference_mode():
-        want = reference.decode(prompts, 2, greedy).tokens
-        assert torch.equal(compiled.decode(prompts, 2, greedy).tokens, want)
+        want = reference.decode(prompts, [10, 10], 2, greedy).tokens
+        assert torch.equal(compiled.decode(prompts, [10, 10], 2, greedy).tokens, want)
         compiled.release()
         with torch._dynamo.config.patch(error_on_recompile=True):
-            assert torch.equal(compiled.decode(prompts, 2, greedy).tokens, want)
+            assert torch.equal(compiled.decode(prompts, [10, 10], 2, greedy).tokens, want)
 
 
 def test_compiled_step_needs_no_recompile_after_sleep_and_wake() -> None:
@@ -196,7 +194,7 @@ def test_decoding_across_attended_widths_matches_the_reference() -> None:
     params = SamplingParams(temperature=1.0, max_new_tokens=150, seed=1, return_logprobs=True)
     decoder = StaticDecoder(tiny_causal_lm(0), torch.device("cpu"), cuda_graphs=False)
     with torch.inference_mode():
-        output = decoder.decode(prompts, 2, params)
+        output = decoder.decode(prompts, [150, 150], 2, params)
     assert output.logprobs is not None
     assert len(long_prompt) + 150 > 2 * LIVE_BUCKET, "the decode must cross several widths"
     reference = tiny_causal_lm(0)

@@ -280,7 +280,8 @@ class RolloutEngine(Protocol):
         self, requests: Sequence[GenerationRequest], params: SamplingParams
     ) -> list[GenerationResult]:
         """Generate ``params.n`` samples per request; results are request-major (see
-        ``GenerationResult``) and belong to this rank's requests only, in their order."""
+        ``GenerationResult``) and belong to this rank's requests only, in their order. A
+        request's own ``max_new_tokens`` caps its samples (``GenerationRequest.capped``)."""
         ...
 
     def sleep(self, level: int) -> None: ...

@@ -59,17 +59,37 @@ class SamplingParams:
 
 @attrs.frozen(kw_only=True)
 class GenerationRequest:
-    """One prompt as token ids; ``multimodal`` carries engine-specific inputs such as images."""
+    """One prompt as token ids; ``multimodal`` carries engine-specific inputs such as images.
+
+    ``max_new_tokens``, when set, caps this request's completions below the call's
+    ``SamplingParams.max_new_tokens`` (a per-request budget, e.g. what is left of a multi-turn
+    conversation's): each of its samples gets at most ``min(max_new_tokens,
+    params.max_new_tokens)`` tokens, ending with ``finish_reason == "length"`` there, and
+    ``min_new_tokens`` applies up to that cap. ``capped(params)`` is the call's parameters as
+    they apply to this request.
+    """
 
     prompt_token_ids: tuple[int, ...] = attrs.field(
         converter=_int_tuple, validator=v.non_negative_ints
     )
     request_id: str = ""
     multimodal: Mapping[str, Any] | None = None
+    max_new_tokens: int | None = attrs.field(default=None, validator=v.optional(v.positive_int))
 
     def __attrs_post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise ValueError(f"prompt_token_ids must not be empty (request {self.request_id!r})")
+
+    def capped(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with this request's ``max_new_tokens`` applied (``params`` itself when
+        the request has no cap or a cap at or above it)."""
+        if self.max_new_tokens is None or self.max_new_tokens >= params.max_new_tokens:
+            return params
+        return attrs.evolve(
+            params,
+            max_new_tokens=self.max_new_tokens,
+            min_new_tokens=min(params.min_new_tokens, self.max_new_tokens),
+        )
 
 
 FinishReason = Literal["stop", "length"]

@@ -1,6 +1,9 @@
 """``lrft bench``: throughput of the real trainer components on fixed workloads.
 
-- :mod:`lrft.bench.workloads`: workloads as data (JSON; built-in ``w1``, ``qwen2-1.5b``, ``tiny``);
+- :mod:`lrft.bench.workloads`: workloads as data (JSON; built-in ``w1``, ``w2``, ``qwen2-1.5b``, ``tiny``,
+  ``w2-ragged``);
+- :mod:`lrft.bench.ragged`: responses forced to ragged lengths, and the ideal they are measured
+  against;
 - :mod:`lrft.bench.grpo`: the end-to-end GRPO loop of ``lrft train``, per phase;
 - :mod:`lrft.bench.train_mfu`: the policy update alone, as model FLOPs utilisation;
 - :mod:`lrft.bench.sync`: weight sync and engine sleep/wake;

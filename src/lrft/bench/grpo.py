@@ -13,17 +13,21 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lrft.api.errors import ConfigError, LrftError
 from lrft.api.redaction import redact
 from lrft.bench import flops
 from lrft.bench.assets import model_folder, prompt_file
 from lrft.bench.ceilings import synchronize
+from lrft.bench.ragged import ForcedLengths, full_batch_tokens_per_s
 from lrft.bench.rewards import TEXT_LENGTH
 from lrft.bench.workloads import GrpoSpec, Workload
 from lrft.dist import RankInfo
 from lrft.trainer.config import TrainConfig
+
+if TYPE_CHECKING:
+    from lrft.trainer import RLTrainer
 
 PHASE_ROWS = (
     ("generate", "generate"),
@@ -111,18 +115,59 @@ def run_grpo(
             "benchmark tokenizer does not round-trip with this transformers version"
         )
     device = trainer.device
+    forced = None
+    if spec.ragged is not None:
+        forced = ForcedLengths(trainer.maker.engine, spec.ragged)
+        trainer.maker.engine = forced
     trainer.colocation.sync(version=trainer.step)  # as fit() does before the first step
     records = []
+    calls = []  # each step's generate calls, as indices into forced.lengths
     for _ in range(total):
         synchronize(device)
         began = time.perf_counter()
+        first_call = len(forced.lengths) if forced is not None else 0
         metrics = trainer.train_step()
         synchronize(device)
         records.append((time.perf_counter() - began, metrics))
+        calls.append(range(first_call, len(forced.lengths) if forced is not None else 0))
     steady = records[steady_from - 1 :]
-    return _summary(
+    summary = _summary(
         workload, spec, config, trainer.world_size, records, steady, steady_from, matmul_tflops
     )
+    if forced is not None:
+        summary["ragged"] = _ragged(trainer, forced, calls[steady_from - 1 :], summary)
+    return summary
+
+
+def _ragged(
+    trainer: RLTrainer,
+    forced: ForcedLengths,
+    steady_calls: list[range],
+    summary: dict[str, Any],
+) -> dict[str, Any]:
+    """The ragged variant's figures: this rank's forced and generated lengths, and its generate
+    phase against the same tokens at the full batch's rate (measured after the steps)."""
+    spec = forced.spec
+    tokens = [sum(sum(forced.generated[call]) for call in calls) for calls in steady_calls]
+    lengths = [n for calls in steady_calls for call in calls for n in forced.generated[call]]
+    limits = [n for calls in steady_calls for call in calls for n in forced.lengths[call]]
+    full_rate = full_batch_tokens_per_s(trainer, forced)
+    per_step = _median([float(count) for count in tokens])
+    generate_s = summary["phases_seconds_median"].get("generate", 0.0)
+    ideal_s = per_step / full_rate
+    return {
+        "min_tokens": spec.min_tokens,
+        "max_tokens": spec.max_tokens,
+        "seed": spec.seed,
+        "forced_tokens_mean": statistics.fmean(limits) if limits else 0.0,
+        "response_tokens_mean": statistics.fmean(lengths) if lengths else 0.0,
+        "response_tokens_max": max(lengths, default=0),
+        "generated_tokens_per_step": tokens,
+        "rollout_tokens_per_s": per_step / generate_s if generate_s > 0 else 0.0,
+        "full_batch_tokens_per_s": full_rate,
+        "ideal_generate_seconds": ideal_s,
+        "generate_over_ideal": generate_s / ideal_s if ideal_s > 0 else 0.0,
+    }
 
 
 def _median(values: list[float]) -> float:

@@ -101,6 +101,22 @@ def table(document: dict[str, Any]) -> str:
         lines.append(_row("rollout tokens/s", f"{grpo['rollout_tokens_per_s']:.0f}"))
         lines.append(_row("training tokens/s", f"{grpo['train_tokens_per_s']:.0f}"))
         lines.append(_row("training MFU", _fraction(grpo["train_mfu"])))
+        ragged = grpo.get("ragged")
+        if ragged is not None:
+            lines.append(
+                _row(
+                    "ragged responses",
+                    f"{ragged['response_tokens_mean']:.0f} tokens on average "
+                    f"({ragged['min_tokens']}-{ragged['max_tokens']})",
+                )
+            )
+            lines.append(
+                _row(
+                    "  generate over ideal",
+                    f"{ragged['generate_over_ideal']:.2f}x (full batch "
+                    f"{ragged['full_batch_tokens_per_s']:.0f} tokens/s)",
+                )
+            )
     train = document.get("train_mfu")
     if train is not None:
         lines.append(

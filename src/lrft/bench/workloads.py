@@ -4,7 +4,8 @@ A workload is a JSON file (the built-in ones ship in ``lrft/bench/workloads/``).
 
 - ``model``: a Qwen2 config with random weights drawn from ``seed`` (no hub download);
 - ``grpo``: the end-to-end GRPO loop through ``lrft train``'s own builder: prompts of random
-  tokens, a text-length reward, and ``train``, a mapping of ``lrft train`` settings;
+  tokens, a text-length reward, ``train``, a mapping of ``lrft train`` settings, and optionally
+  ``ragged``, responses forced to lengths of a long-tailed distribution;
 - ``train_mfu``: the policy update alone on synthetic sequences of a fixed length;
 - ``sync``: weight sync from the trainer into the engine;
 - ``sleep``: the engine's sleep levels and waking;
@@ -28,7 +29,7 @@ import attrs
 from lrft.api import validators as v
 from lrft.api.errors import ConfigError
 
-BUILT_IN = ("w1", "w2", "qwen2-1.5b", "tiny")
+BUILT_IN = ("w1", "w2", "qwen2-1.5b", "tiny", "w2-ragged")
 """Workload names that resolve to the files shipped in ``lrft/bench/workloads/``."""
 
 PARTS = ("grpo", "train_mfu", "sync", "sleep")
@@ -100,14 +101,33 @@ class PromptSpec:
 
 
 @attrs.frozen(kw_only=True)
+class RaggedSpec:
+    """Responses forced to lengths drawn log-uniformly from ``min_tokens`` to ``max_tokens``
+    (``lrft.bench.ragged``), from ``seed``."""
+
+    min_tokens: int = attrs.field(validator=v.positive_int)
+    max_tokens: int = attrs.field(validator=v.positive_int)
+    seed: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        if self.min_tokens > self.max_tokens:
+            raise ConfigError(
+                f"grpo.ragged.min_tokens {self.min_tokens} must be <= grpo.ragged.max_tokens "
+                f"{self.max_tokens}"
+            )
+
+
+@attrs.frozen(kw_only=True)
 class GrpoSpec:
     """The end-to-end loop: ``steps`` iterations; figures are medians of steps ``steady_from``
-    to ``steps`` (1-based), the earlier ones being warm-up (allocator, kernels, graphs)."""
+    to ``steps`` (1-based), the earlier ones being warm-up (allocator, kernels, graphs).
+    ``ragged`` forces the responses' lengths (``lrft.bench.ragged``)."""
 
     prompts: PromptSpec
     steps: int = attrs.field(validator=v.positive_int)
     steady_from: int = attrs.field(validator=v.positive_int)
     train: Mapping[str, Any] = attrs.field(factory=dict)
+    ragged: RaggedSpec | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.steady_from > self.steps:
@@ -117,6 +137,12 @@ class GrpoSpec:
         managed = sorted(MANAGED_TRAIN_KEYS & set(self.train))
         if managed:
             raise ConfigError(f"grpo.train must not set {managed}: the benchmark sets them itself")
+        longest = self.train.get("generate_max_len")
+        if self.ragged is not None and longest is not None and self.ragged.max_tokens > longest:
+            raise ConfigError(
+                f"grpo.ragged.max_tokens {self.ragged.max_tokens} must be <= "
+                f"grpo.train.generate_max_len {longest}: a response never exceeds it"
+            )
 
 
 @attrs.frozen(kw_only=True)
@@ -197,7 +223,7 @@ _NESTED: dict[type[Any], dict[str, type[Any]]] = {
         "sync": SyncSpec,
         "sleep": SleepSpec,
     },
-    GrpoSpec: {"prompts": PromptSpec},
+    GrpoSpec: {"prompts": PromptSpec, "ragged": RaggedSpec},
 }
 
 

@@ -75,6 +75,19 @@ def test_parameter_count_equals_the_transformers_model(name: str) -> None:
     assert body_parameters(spec) == layers + model.model.norm.weight.numel()
 
 
+def test_w2_ragged_is_w2_with_forced_lengths() -> None:
+    w2, ragged = load_workload("w2"), load_workload("w2-ragged")
+    assert ragged.model == w2.model
+    assert w2.grpo is not None
+    assert ragged.grpo is not None
+    assert (ragged.grpo.prompts, ragged.grpo.train) == (w2.grpo.prompts, w2.grpo.train)
+    assert (ragged.grpo.steps, ragged.grpo.steady_from) == (w2.grpo.steps, w2.grpo.steady_from)
+    assert ragged.grpo.ragged is not None
+    spec = ragged.grpo.ragged
+    assert (spec.min_tokens, spec.max_tokens) == (64, w2.grpo.train["generate_max_len"])
+    assert w2.grpo.ragged is None
+
+
 def test_qwen2_1p5b_has_the_published_size() -> None:
     assert round(total_parameters(load_workload("qwen2-1.5b").model) / 1e9, 2) == 1.54
 
@@ -122,6 +135,14 @@ def _write(path: Path, **changes: object) -> str:
         ({"model__saved_dtype": "float16"}, r"saved_dtype must be 'bfloat16' or 'float32'"),
         ({"train_mfu__sequences": 3}, r"sequences 3 must be a multiple of .*micro_train_batch"),
         ({"model__vocab_size": None}, r"missing 1 required keyword-only argument: 'vocab_size'"),
+        (
+            {"grpo__ragged": {"min_tokens": 9, "max_tokens": 4}},
+            r"grpo.ragged.min_tokens 9 must be <= grpo.ragged.max_tokens 4",
+        ),
+        (
+            {"grpo__ragged": {"min_tokens": 2, "max_tokens": 9}},
+            r"grpo.ragged.max_tokens 9 must be <= grpo.train.generate_max_len 8",
+        ),
     ],
 )
 def test_bad_workloads_are_named(tmp_path: Path, changes: dict[str, object], message: str) -> None:

@@ -40,7 +40,9 @@ def gqa_sdpa_attention(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature: ``query`` is ``(rows, heads, queries, dim)``,
     ``key``/``value`` ``(rows, kv_heads, columns, dim)``; returns ``(rows, queries, heads, dim)``."""
-    if attention_mask is not None and attention_mask.shape[-1] < key.shape[2]:
+    if attention_mask is not None:
+        # Cut unconditionally (a no-op at the full width): comparing the widths would make
+        # torch.compile specialise the step's dynamic width to the cache's length.
         columns = attention_mask.shape[-1]
         key, value = key[:, :, :columns], value[:, :, :columns]
     if is_causal is None:

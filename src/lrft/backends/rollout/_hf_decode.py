@@ -1,53 +1,60 @@
-"""Static-cache decoding for the ``hf`` engine: the fast path, and on CUDA its CUDA graph.
+"""Static-cache decoding for the ``hf`` engine: the fast path, and on CUDA its CUDA graphs.
 
 transformers' ``generate`` synchronises with the host at every token (stopping criteria, the
 growing attention mask, logits kept per step) and grows its KV cache by concatenation, so a small
 model spends most of a rollout launching kernels. This loop drives the same transformers model
-with shapes that never change after the prefill:
+with shapes that change only between a few sizes:
 
-- a transformers ``StaticCache`` of ``rows x cache_length`` (the length rounded up to
-  ``_LENGTH_BUCKET``, so calls whose prompts differ a little share one cache);
-- a 4D additive attention mask built on the device from the step counter, which transformers
-  passes through as it is (a 2D mask would make it check for padding on the host);
+- lrft's ``RowCache`` (``_hf_cache``) of ``rows x cache_length`` (the length rounded up to
+  ``_LENGTH_BUCKET``, so calls whose prompts differ a little share one cache), in which every
+  row has its own column: a row that finished takes the next waiting sequence (a prefill of that
+  row alone, or of the group refilled together) while the others keep decoding;
+- per row, its first column (the left padding of its prefill), the column it writes next and its
+  token budget, on the device: a 4D additive mask built from them, which transformers passes
+  through as it is (a 2D mask would make it check for padding on the host);
 - sampling on the device: temperature, min-new-tokens suppression of stop ids, top-k and top-p
   with the semantics of transformers' logits warpers, then one categorical draw by the
   exponential race (``argmax(p / E)``, ``E ~ Exp(1)``), which needs no host round trip;
-- a fixed number of steps; rows that stopped keep running on padding, and the host checks
-  whether all rows stopped only every ``check_every`` steps (never when no stop ids are set).
+- the host plans rows, refills and the rows a step runs over (``_hf_rows``) from what it knows
+  without reading the device (when each row started, its width and budget); it reads the rows'
+  stop flags only every ``check_every`` steps, and only when stop ids are set. Once nothing
+  waits, the live rows are moved to the front and steps run over the smallest bucket of rows
+  that holds them.
 
 One decode step (forward, sampling, bookkeeping) is a function of buffers at fixed addresses, so
-on CUDA it is captured once into a CUDA graph and replayed for every later token; its forward may
-first be compiled by ``torch.compile``, which fuses the many small kernels of a decode step. The
-graph reads the weights where they are: loads that copy into the parameters in place are seen by
-the next replay; anything that moves them (sleep, wake) drops the graphs (``release``), and the
-next call captures again. Sampling uses the device's default generator, whose seed and offset a graph
-replay reads at replay time, so seeding around a call works as it does for eager code.
+on CUDA it is captured into a CUDA graph per (rows, attended width) and replayed for every later
+token; its forward may first be compiled by ``torch.compile``, which fuses the many small kernels
+of a decode step. A graph is captured when a step first needs it, even in the middle of a call:
+the capture's runs write only the columns and outputs the next real step overwrites, and the
+rows' counters are put back afterwards. The graphs read the weights where they are: loads that
+copy into the parameters in place are seen by the next replay; anything that moves them (sleep,
+wake) drops the graphs (``release``), and the next call captures again. Sampling uses the
+device's default generator, whose seed and offset a graph replay reads at replay time, so seeding
+around a call works as it does for eager code.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
 
-import attrs
 import torch
 
 from lrft.api.types import SamplingParams
 from lrft.backends.rollout._hf_attention import GQA_SDPA, use_gqa_sdpa
+from lrft.backends.rollout._hf_cache import RowCache
+from lrft.backends.rollout._hf_rows import Move, RowPlan
+from lrft.backends.rollout._hf_sampling import Mode, choose
+from lrft.backends.rollout._hf_slot import PAD_ID, DecodeOutput, Outputs, Rows, Slot
 
-if TYPE_CHECKING:
-    from torch.cuda import _POOL_HANDLE
+__all__ = ["LIVE_BUCKET", "PAD_ID", "DecodeOutput", "StaticDecoder", "static_decode_unsupported"]
 
 # Cache lengths are rounded up to a multiple of this, so that prompts of slightly different
-# lengths reuse one static cache and its captured graphs.
+# lengths reuse one cache and its captured graphs.
 _LENGTH_BUCKET = 64
-# A decode step attends to the cache's columns up to the next multiple of this past its own,
-# not to the whole cache: one graph per such width (a 1152-column cache has 9).
+# A decode step attends to the cache's columns up to the next multiple of this past the last one
+# a live row writes, not to the whole cache: one graph per such width (a 1152-column cache has 9).
 LIVE_BUCKET = 128
-# Left padding and the steps of rows that already stopped hold this id; both are masked or cut
-# off, so any id in the vocabulary does.
-PAD_ID = 0
 
 
 def static_decode_unsupported(model: torch.nn.Module) -> str | None:
@@ -66,91 +73,19 @@ def static_decode_unsupported(model: torch.nn.Module) -> str | None:
     return None
 
 
-@attrs.frozen(kw_only=True)
-class DecodeOutput:
-    """Generated ids and (when asked) their logprobs, ``(rows, steps)`` on the host; ``steps``
-    is shorter than ``max_new_tokens`` only when every row stopped early."""
-
-    tokens: torch.Tensor
-    logprobs: torch.Tensor | None
-
-
-@attrs.frozen
-class _Mode:
-    """What a captured step computes; everything else it reads from buffers."""
-
-    greedy: bool
-    truncate: bool
-    logprobs: bool
-
-
-class _Slot:
-    """The fixed-address memory of one ``(rows, cache_length)`` shape: the static KV cache, the
-    step's inputs and outputs, the sampling settings, and the graphs captured on them."""
-
-    def __init__(
-        self, model: torch.nn.Module, rows: int, length: int, vocab: int, device: torch.device
-    ) -> None:
-        from transformers import PreTrainedConfig, StaticCache
-
-        self.rows, self.length = rows, length
-        config = cast(PreTrainedConfig, model.config)
-        self.cache = StaticCache(config=config, max_cache_len=length)
-        self.columns = torch.arange(length, device=device)
-        self.keep = torch.ones((rows, length), dtype=torch.bool, device=device)
-        self.next_input = torch.full((rows, 1), PAD_ID, dtype=torch.long, device=device)
-        self.positions = torch.zeros((rows, 1), dtype=torch.long, device=device)
-        self.write_position = torch.zeros((), dtype=torch.long, device=device)
-        self.step = torch.zeros((), dtype=torch.long, device=device)
-        self.done = torch.zeros(rows, dtype=torch.bool, device=device)
-        self.tokens = torch.full((rows, length), PAD_ID, dtype=torch.long, device=device)
-        self.logprobs = torch.zeros((rows, length), dtype=torch.float32, device=device)
-        self.temperature = torch.ones((), dtype=torch.float32, device=device)
-        self.top_p = torch.ones((), dtype=torch.float32, device=device)
-        self.top_k_index = torch.zeros((rows, 1), dtype=torch.long, device=device)
-        self.min_new_tokens = torch.zeros((), dtype=torch.long, device=device)
-        self.stop_columns = torch.zeros(vocab, dtype=torch.bool, device=device)
-        # One graph per mode and attended width; they share one memory pool, as they never run
-        # at once and each leaves its results in the buffers above, not in the pool.
-        self.graphs: dict[tuple[_Mode, int], torch.cuda.CUDAGraph] = {}
-        self.pool: _POOL_HANDLE | None = None
-        self.weight_pointers: tuple[int, ...] = ()
-
-    def drop_graphs(self) -> None:
-        self.graphs.clear()
-        self.pool = None
-
-    def reset_cache(self) -> None:
-        """Empty the cache in place (its tensors keep their addresses)."""
-        self.cache.reset()  # type: ignore[no-untyped-call]  # unannotated in transformers
-
-    def set_sampling(self, params: SamplingParams, vocab: int) -> None:
-        self.temperature.fill_(1.0 if params.greedy else params.temperature)
-        self.top_p.fill_(params.top_p)
-        # top-k keeps the k largest scores: their threshold is entry vocab-k of the ascending
-        # sort (k = 0 disables it: entry 0, the smallest, removes nothing).
-        k = min(params.top_k, vocab)
-        self.top_k_index.fill_(vocab - k if k > 0 else 0)
-        self.min_new_tokens.fill_(params.min_new_tokens)
-        self.stop_columns.zero_()
-        stops = [token for token in params.stop_token_ids if token < vocab]
-        if stops:
-            self.stop_columns[torch.tensor(stops, device=self.stop_columns.device)] = True
-
-
 class StaticDecoder:
-    """Decodes chunks of prompts for the ``hf`` engine with a static cache (see module doc).
+    """Decodes a call's sequences for the ``hf`` engine with a per-row cache (see module doc).
 
     ``cuda_graphs`` replays each step from a captured CUDA graph (CUDA devices only).
     ``compile_backend`` names a ``torch.compile`` backend for the decode step's forward (``None``:
     eager); the compiled code is captured into the graphs like eager code.
-    ``check_every`` is how many steps run between host checks of whether all rows stopped.
+    ``check_every`` is how many steps run between host reads of which rows stopped at a stop id.
 
-    A compiled step is compiled again when one of torch's guards fails: for another shape (after
-    which it is compiled for dynamic shapes) or for another engine's model; moving the weights
-    (sleep, wake) changes no guard. torch stops compiling after
-    ``torch._dynamo.config.recompile_limit`` compiles of one code object and runs it eagerly, so
-    a process should not build many compiled engines.
+    A compiled step is compiled for dynamic rows and widths on its first call, and again when one
+    of torch's guards fails: for a call of one row (torch specialises size 1) or for another
+    engine's model; moving the weights (sleep, wake) changes no guard. torch stops compiling
+    after ``torch._dynamo.config.recompile_limit`` compiles of one code object and runs it
+    eagerly, so a process should not build many compiled engines.
     """
 
     def __init__(
@@ -183,7 +118,7 @@ class StaticDecoder:
         # Only lrft's own attention takes masks narrower than the cache (transformers' eager
         # attention adds the mask to scores over every cached column).
         self._narrow_masks = getattr(model.config, "_attn_implementation", None) == GQA_SDPA
-        self._slot: _Slot | None = None
+        self._slot: Slot | None = None
         # One side stream for every warm-up and capture: cuBLAS keeps a workspace per stream,
         # so a fresh stream per capture would leave a workspace behind each time.
         self._capture_stream: torch.cuda.Stream | None = None
@@ -199,64 +134,81 @@ class StaticDecoder:
         return self._compiled
 
     def release(self) -> None:
-        """Free the static cache and every captured graph (their memory goes back to the
-        allocator); the next ``decode`` allocates and captures again."""
+        """Free the cache and every captured graph (their memory goes back to the allocator);
+        the next ``decode`` allocates and captures again."""
         if self._slot is not None and self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
         self._slot = None
 
     def decode(
-        self, prompts: Sequence[tuple[int, ...]], rows: int, params: SamplingParams
+        self,
+        prompts: Sequence[tuple[int, ...]],
+        limits: Sequence[int],
+        rows: int,
+        params: SamplingParams,
     ) -> DecodeOutput:
-        """Generate for ``prompts`` in one batch of ``rows`` (>= len(prompts)); the extra rows
-        repeat the first prompt, so that chunks of one call share a shape, and are dropped."""
-        assert 0 < len(prompts) <= rows, (len(prompts), rows)
-        padded = list(prompts) + [prompts[0]] * (rows - len(prompts))
-        width = max(len(prompt) for prompt in padded)
-        steps = params.max_new_tokens
-        length = -(-(width + steps) // _LENGTH_BUCKET) * _LENGTH_BUCKET
-        slot = self._slot_for(rows, length)
+        """Generate for every prompt, at most ``limits[i]`` (<= ``params.max_new_tokens``) tokens
+        for prompt ``i``, in ``rows`` (<= len(prompts)) cache rows; sequences wait for a free row
+        in order."""
+        assert 0 < rows <= len(prompts) == len(limits), (rows, len(prompts), len(limits))
+        assert max(limits) <= params.max_new_tokens, (max(limits), params.max_new_tokens)
+        # Sized by params, not by this call's limits, so calls of one setting share a cache.
+        needed = max(len(prompt) for prompt in prompts) + params.max_new_tokens
+        slot = self._slot_for(rows, -(-needed // _LENGTH_BUCKET) * _LENGTH_BUCKET)
         slot.set_sampling(params, self._vocab)
-        mode = _Mode(
+        mode = Mode(
             greedy=params.greedy,
             truncate=not params.greedy and (params.top_k > 0 or params.top_p < 1.0),
             logprobs=params.return_logprobs,
         )
-        # Step s attends to the prompt and the s tokens before its own, rounded up.
-        attended = [self._attended(width + step, length) for step in range(1, steps)]
-        graphs = {}
-        if self._cuda_graphs:
-            # Captured before the prefill: a capture runs the step, which would disturb a decode.
-            graphs = {columns: self._graph_for(slot, mode, columns) for columns in set(attended)}
-        self._prefill(slot, padded, width, mode)
-        check = bool(params.stop_token_ids)
-        done_steps = steps
-        for step, columns in enumerate(attended, start=1):
-            graph = graphs.get(columns)
-            if graph is not None:
-                graph.replay()
-            else:
-                self._step(slot, mode, columns)
-            if check and (step + 1) % self._check_every == 0 and bool(slot.done.all()):
-                done_steps = step + 1
+        plan = RowPlan(
+            prompts, limits, rows=rows, check_every=self._check_every,
+            checks_stops=bool(params.stop_token_ids),
+        )  # fmt: skip
+        outputs = Outputs(len(prompts), params.max_new_tokens, mode.logprobs, self._device)
+        min_new = params.min_new_tokens
+        row_steps = prefills = 0
+        while True:
+            ended = plan.budget_spent()
+            if plan.check_due():
+                done = slot.done[: plan.bucket].to("cpu").tolist()  # the only device read
+                ended += [row for row in plan.live_rows() if done[row] and row not in ended]
+            if ended:
+                outputs.harvest(slot, ended, plan.end(ended), self._to_device)
+            if plan.refill_due():
+                self._prefill(slot, plan, plan.take(), mode, min_new)
+                prefills += 1
+                continue  # a refilled row may have spent its budget already
+            if not plan.live_count:
                 break
-        real = len(prompts)
-        # Copies even on a CPU device: the slot's buffers are overwritten by the next call.
-        tokens = slot.tokens[:real, :done_steps].to("cpu", copy=True)
-        logprobs = None
-        if mode.logprobs:
-            logprobs = slot.logprobs[:real, :done_steps].to("cpu", copy=True)
-        return DecodeOutput(tokens=tokens, logprobs=logprobs)
+            move = plan.compaction()
+            if move is not None and move.sources:  # live rows may all lie in the bucket already
+                self._move(slot, move)
+            columns = self._attended(plan.columns_needed(), slot.length)
+            self._run_step(slot, mode, plan.bucket, columns)
+            row_steps += plan.bucket
+            plan.step += 1
+        return outputs.to_host(steps=plan.step, row_steps=row_steps, prefills=prefills)
 
-    def _attended(self, live: int, length: int) -> int:
-        """The columns a step with ``live`` cache columns in use attends to."""
+    def _attended(self, needed: int, length: int) -> int:
+        """The columns a step attends to when its live rows reach column ``needed - 1``."""
         if not self._narrow_masks:
             return length
-        return min(length, -(-live // LIVE_BUCKET) * LIVE_BUCKET)
+        return min(length, -(-needed // LIVE_BUCKET) * LIVE_BUCKET)
+
+    def _to_device(self, values: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """A host tensor on the device without waiting for the device's queue (on CUDA, a
+        pageable copy synchronises the stream; a pinned one is queued like a kernel)."""
+        host = (
+            values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.long)
+        )
+        if self._device.type == "cuda":
+            return host.pin_memory().to(self._device, non_blocking=True)
+        return host.to(self._device)
 
     # --- memory ----------------------------------------------------------------------------
 
-    def _slot_for(self, rows: int, length: int) -> _Slot:
+    def _slot_for(self, rows: int, length: int) -> Slot:
         slot = self._slot
         pointers = tuple(p.data_ptr() for p in self._model.parameters())
         if slot is not None and (slot.rows, slot.length) == (rows, length):
@@ -266,113 +218,142 @@ class StaticDecoder:
                 slot.weight_pointers = pointers
             return slot
         self.release()  # one slot at a time: free the old cache before allocating the new one
-        slot = self._slot = _Slot(self._model, rows, length, self._vocab, self._device)
+        slot = self._slot = Slot(self._model, rows, length, self._vocab, self._dtype, self._device)
         slot.weight_pointers = pointers
         return slot
 
-    def _graph_for(self, slot: _Slot, mode: _Mode, columns: int) -> torch.cuda.CUDAGraph:
-        graph = slot.graphs.get((mode, columns))
-        if graph is not None:
-            return graph
-        # Capture runs the step on placeholder inputs; the caller's RNG stream and the slot's
-        # contents are put back afterwards (the prefill resets the cache and every counter).
-        slot.keep.fill_(True)
+    def _run_step(self, slot: Slot, mode: Mode, rows: int, columns: int) -> None:
+        if not self._cuda_graphs:
+            self._step(slot, mode, rows, columns)
+            return
+        graph = slot.graphs.get((mode, rows, columns))
+        if graph is None:
+            graph = slot.graphs[(mode, rows, columns)] = self._capture(slot, mode, rows, columns)
+        graph.replay()
+
+    def _capture(self, slot: Slot, mode: Mode, rows: int, columns: int) -> torch.cuda.CUDAGraph:
+        """A graph of the step, captured now; the rows' state is as it was before.
+
+        The warm-up runs write each row's cache column and output column that the next real
+        step writes again; the counters they advance are put back after each run, and the
+        caller's RNG stream after all of them."""
+        saved = slot.counters()
         with torch.random.fork_rng(devices=[self._device]), torch.cuda.device(self._device):
-            # Warm-ups on the current stream, which allocates the lazily built cache there, and
-            # on a side stream, as PyTorch asks before a capture.
-            self._reset_counters(slot)
-            self._step(slot, mode, columns)
+            # Warm-ups on the current stream and on a side stream, as PyTorch asks before a
+            # capture.
+            self._step(slot, mode, rows, columns)
+            slot.restore(saved)
             if self._capture_stream is None:
                 self._capture_stream = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]  # unannotated in torch
             side = self._capture_stream
             side.wait_stream(torch.cuda.current_stream(self._device))
             with torch.cuda.stream(side):
-                self._reset_counters(slot)
-                self._step(slot, mode, columns)
+                self._step(slot, mode, rows, columns)
+                slot.restore(saved)
             torch.cuda.current_stream(self._device).wait_stream(side)
-            self._reset_counters(slot)
             graph = torch.cuda.CUDAGraph()
             if slot.pool is None:
                 slot.pool = torch.cuda.graph_pool_handle()
             with torch.cuda.graph(graph, pool=slot.pool, stream=side):
-                self._step(slot, mode, columns)
-        slot.graphs[(mode, columns)] = graph
+                self._step(slot, mode, rows, columns)
         return graph
 
-    @staticmethod
-    def _reset_counters(slot: _Slot) -> None:
-        slot.reset_cache()
-        slot.write_position.zero_()
-        slot.step.zero_()
-        slot.positions.zero_()
-        slot.done.zero_()
+    def _move(self, slot: Slot, move: Move) -> None:
+        slot.move(self._to_device(move.sources), self._to_device(move.targets))
 
     # --- the loop --------------------------------------------------------------------------
 
     def _prefill(
-        self, slot: _Slot, prompts: Sequence[tuple[int, ...]], width: int, mode: _Mode
+        self,
+        slot: Slot,
+        plan: RowPlan,
+        pairs: Sequence[tuple[int, int]],
+        mode: Mode,
+        min_new: int,
     ) -> None:
-        """One forward over the left-padded prompts, then the first token (step 0)."""
-        rows, device = slot.rows, self._device
-        input_ids = torch.full((rows, width), PAD_ID, dtype=torch.long)
-        present = torch.zeros((rows, width), dtype=torch.bool)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            present[row, width - len(prompt) :] = True
-        input_ids, present = input_ids.to(device), present.to(device)
-        positions = (present.long().cumsum(-1) - 1).clamp_min(0)
+        """One forward over the left-padded prompts of ``pairs`` (row, sequence) into their rows,
+        from column 0, then each row's first token."""
+        prompts = [plan.prompts[sequence] for _, sequence in pairs]
+        limits = [plan.limits[sequence] for _, sequence in pairs]
+        width = max(len(prompt) for prompt in prompts)
+        count = len(pairs)
+        host_ids = torch.full((count, width), PAD_ID, dtype=torch.long)
+        for index, prompt in enumerate(prompts):
+            host_ids[index, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        settings = torch.tensor(
+            [
+                [row for row, _ in pairs],
+                [width - len(prompt) for prompt in prompts],
+                limits,
+                [min(min_new, limit) for limit in limits],
+            ]
+        )
+        input_ids = self._to_device(host_ids)
+        rows, starts, limit_column, min_steps = self._to_device(settings).unbind(0)
+        columns = slot.column_ids[:width]
+        present = columns[None, :] >= starts[:, None]
+        positions = (columns[None, :] - starts[:, None]).clamp_min(0)
         # A padding slot attends to itself only, so that no row of the mask is empty (an empty
         # row gives NaN in some SDPA kernels, and NaN values poison later masked products).
-        query = slot.columns[:width, None]
-        keys = slot.columns[None, :]
-        own = keys == query
-        visible = (keys <= query) & (own | _pad_columns(present, slot.length)[:, None, :])
-        if self._narrow_masks:
-            visible = visible[:, :, :width]  # the prompts attend to their own columns only
-        slot.reset_cache()
-        logits = self._model(
-            input_ids=input_ids,
-            attention_mask=self._additive(visible[:, None]),
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_keyword: slot.cache},
-        ).logits
-        slot.keep.copy_(_pad_columns(present, slot.length))
-        slot.positions.copy_(present.sum(-1, keepdim=True))
-        slot.write_position.fill_(width)
-        slot.step.zero_()
-        slot.done.zero_()
-        self._sample(slot, logits[:, -1], mode)
-
-    def _step(self, slot: _Slot, mode: _Mode, columns: int) -> None:
-        """One decode step attending to the cache's first ``columns`` columns (all of them for
-        attention that takes only a mask as wide as the cache)."""
-        keep = slot.keep[:, :columns] if self._narrow_masks else slot.keep
-        # One compiled step for every width, rather than one compile per width.
-        torch._dynamo.maybe_mark_dynamic(keep, 1)
-        logits = self._decode_forward(
-            slot.cache, slot.next_input, slot.positions, keep, slot.write_position
+        query, keys = columns[:, None], columns[None, :]
+        visible = (keys <= query) & ((keys == query) | present[:, None, :])
+        with slot.cache.prefilling(rows):
+            logits = self._model(
+                input_ids=input_ids,
+                attention_mask=self._additive(visible[:, None]),
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_keyword: slot.cache},
+            ).logits
+        slot.starts.index_copy_(0, rows, starts)
+        slot.columns.index_fill_(0, rows, width)
+        device = self._device
+        state = Rows(
+            steps=torch.zeros(count, dtype=torch.long, device=device),
+            limits=limit_column,
+            min_steps=min_steps,
+            done=torch.zeros(count, dtype=torch.bool, device=device),
+            next_input=torch.empty((count, 1), dtype=torch.long, device=device),
+            tokens=torch.empty((count, 1), dtype=torch.long, device=device),
+            logprobs=torch.empty((count, 1), dtype=torch.float32, device=device),
         )
-        slot.positions.add_(1)
-        slot.write_position.add_(1)
-        self._sample(slot, logits, mode)
+        self._sample(slot, state, logits[:, -1], mode)
+        slot.store(rows, state)
+        plan.start(pairs, width)
+
+    def _step(self, slot: Slot, mode: Mode, rows: int, columns: int) -> None:
+        """One decode step of the first ``rows`` rows, attending to the cache's first
+        ``columns`` columns."""
+        column_ids = slot.column_ids[:columns]
+        inputs = (slot.next_input[:rows], slot.columns[:rows], slot.starts[:rows], slot.done[:rows])
+        # One compiled step for every width and number of rows, rather than one compile each.
+        torch._dynamo.maybe_mark_dynamic(column_ids, 0)
+        for tensor in inputs:
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+        logits = self._decode_forward(slot.cache, *inputs, column_ids)
+        state = slot.first(rows)
+        slot.columns[:rows].add_((~state.done).long())
+        self._sample(slot, state, logits, mode)
 
     def _forward_one(
         self,
-        cache: object,
+        cache: RowCache,
         input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        keep: torch.Tensor,
-        write_position: torch.Tensor,
+        columns: torch.Tensor,
+        starts: torch.Tensor,
+        done: torch.Tensor,
+        column_ids: torch.Tensor,
     ) -> torch.Tensor:
-        """Logits ``(rows, vocab)`` of one new token per row, written at ``write_position``."""
-        columns = torch.arange(keep.shape[1], device=keep.device)
-        visible = keep & (columns <= write_position)
+        """Logits ``(rows, vocab)`` of one new token per row, written at the row's column."""
+        visible = (column_ids >= starts[:, None]) & (column_ids <= columns[:, None])
+        # A finished row may write past the attended width; it attends to its column 0 then, so
+        # that no row of the mask is empty.
+        visible |= done[:, None] & (column_ids == 0)
         logits: torch.Tensor = self._model(
             input_ids=input_ids,
             attention_mask=self._additive(visible[:, None, None, :]),
-            position_ids=positions,
+            position_ids=(columns - starts)[:, None],
             use_cache=True,
             **{self._cache_keyword: cache},
         ).logits
@@ -383,52 +364,22 @@ class StaticDecoder:
         zero = torch.zeros((), dtype=self._dtype, device=visible.device)
         return torch.where(visible, zero, torch.finfo(self._dtype).min)
 
-    def _sample(self, slot: _Slot, logits: torch.Tensor, mode: _Mode) -> None:
-        """Choose step ``slot.step``'s token of every row, record it, and advance."""
-        raw = logits.float()
-        scores = raw if mode.greedy else raw / slot.temperature
-        suppressed = slot.stop_columns & (slot.step < slot.min_new_tokens)
-        filtered = scores.masked_fill(suppressed, float("-inf"))
-        if mode.greedy:
-            token = filtered.argmax(-1)
-        else:
-            if mode.truncate:
-                filtered = _top_k_top_p(filtered, slot.top_k_index, slot.top_p)
-            probabilities = filtered.softmax(-1)
-            race = torch.empty_like(probabilities).exponential_()
-            # Exp(1) draws of exactly 0 would turn a removed token's 0 / 0 into NaN, which
-            # argmax prefers.
-            race.clamp_min_(torch.finfo(race.dtype).tiny)
-            token = (probabilities / race).argmax(-1)
-        token = torch.where(slot.done, PAD_ID, token)
-        column = slot.step.view(1)
-        slot.tokens.index_copy_(1, column, token[:, None])
-        if mode.logprobs:
-            # The contract's logprob: log_softmax(logits / T) before suppression or truncation.
-            chosen = scores.log_softmax(-1).gather(1, token[:, None])
-            slot.logprobs.index_copy_(1, column, chosen)
-        slot.done.logical_or_(slot.stop_columns[token])
-        slot.next_input.copy_(token[:, None])
-        slot.step.add_(1)
-
-
-def _pad_columns(present: torch.Tensor, length: int) -> torch.Tensor:
-    """``present`` (rows, width) widened to ``length`` columns: generated columns are present."""
-    rows, width = present.shape
-    tail = torch.ones((rows, length - width), dtype=torch.bool, device=present.device)
-    return torch.cat([present, tail], dim=1)
-
-
-def _top_k_top_p(
-    scores: torch.Tensor, top_k_index: torch.Tensor, top_p: torch.Tensor
-) -> torch.Tensor:
-    """transformers' ``TopKLogitsWarper`` then ``TopPLogitsWarper`` (removed scores are -inf),
-    on one ascending sort, with k and p read from device tensors."""
-    ordered, order = scores.sort(dim=-1)
-    threshold = ordered.gather(1, top_k_index)
-    ordered = ordered.masked_fill(ordered < threshold, float("-inf"))
-    cumulative = ordered.softmax(-1).cumsum(-1)
-    removed = cumulative <= 1 - top_p
-    removed[:, -1] = False  # the most likely token always stays
-    ordered = ordered.masked_fill(removed, float("-inf"))
-    return torch.empty_like(scores).scatter_(1, order, ordered)
+    def _sample(self, slot: Slot, state: Rows, logits: torch.Tensor, mode: Mode) -> None:
+        """Choose each row's next token, record it at the row's step, and advance."""
+        rows = logits.shape[0]
+        token, chosen = choose(
+            logits,
+            mode,
+            temperature=slot.temperature,
+            top_k_index=slot.top_k_index[:rows],
+            top_p=slot.top_p,
+            suppressed=slot.stop_columns & (state.steps < state.min_steps)[:, None],
+        )
+        token = torch.where(state.done, PAD_ID, token)
+        column = state.steps[:, None]
+        state.tokens.scatter_(1, column, token[:, None])
+        if chosen is not None:
+            state.logprobs.scatter_(1, column, chosen)
+        state.steps.add_((~state.done).long())
+        state.done.logical_or_(slot.stop_columns[token] | (state.steps >= state.limits))
+        state.next_input.copy_(token[:, None])

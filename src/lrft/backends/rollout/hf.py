@@ -1,15 +1,16 @@
 """``hf`` rollout engine: a transformers causal LM in this process, the embedded default.
 
-Two decoding paths, chosen by ``HFEngineConfig.decode``, both in chunks of at most
-``max_batch_size`` sequences with left padding:
+Two decoding paths, chosen by ``HFEngineConfig.decode``, both with at most ``max_batch_size``
+sequences decoded together, left-padded:
 
-- ``generate``: transformers' ``generate`` with a ``GenerationConfig`` built from lrft's
-  ``SamplingParams`` alone: the model's own generation defaults (a checkpoint's
+- ``generate``: transformers' ``generate`` in chunks, with a ``GenerationConfig`` built from
+  lrft's ``SamplingParams`` alone: the model's own generation defaults (a checkpoint's
   ``generation_config.json``: EOS, top-k, repetition penalty, ...) are replaced by a neutral
   config when the engine takes the model, because transformers fills every unset field from them.
 - ``static`` / ``cuda_graph`` / ``compiled``: the static-cache loop of ``_hf_decode`` (sampling
-  on the device, no per-token host synchronisation); ``cuda_graph`` replays each step from a CUDA
-  graph, ``compiled`` compiles the step with ``torch.compile`` first (the CUDA default).
+  on the device, no per-token host synchronisation, a finished row refilled with the next
+  waiting sequence); ``cuda_graph`` replays each step from a CUDA graph, ``compiled`` compiles
+  the step with ``torch.compile`` first (the CUDA default).
 
 Memory: the weights are views into one flat device buffer (``_weight_moves.FlatWeights``), so
 ``weights_digest`` reads them in place and parking moves them in one copy. ``generate``'s KV
@@ -45,7 +46,12 @@ from lrft.api.types import (
     WeightsResidency,
 )
 from lrft.backends.rollout._engine_base import EngineAdapter, caller_rng_kept, default_device
-from lrft.backends.rollout._hf_decode import PAD_ID, StaticDecoder, static_decode_unsupported
+from lrft.backends.rollout._hf_decode import (
+    PAD_ID,
+    DecodeOutput,
+    StaticDecoder,
+    static_decode_unsupported,
+)
 from lrft.backends.rollout._lifecycle import EngineLifecycle, SleepPlan, WakePlan
 from lrft.backends.rollout._weight_moves import FlatWeights
 
@@ -202,19 +208,19 @@ class HFRolloutEngine(EngineAdapter):
         """``params.n`` samples per request, request-major; see ``RolloutEngine.generate``."""
         self._lifecycle.check_can_generate(requests)
         rows = [(index, sample) for index in range(len(requests)) for sample in range(params.n)]
-        chunk_rows = min(self.config.max_batch_size, max(len(rows), 1))
-        generation_config = _generation_config(params)
+        prompts = [requests[index].prompt_token_ids for index, _ in rows]
+        limits = [requests[index].capped(params).max_new_tokens for index, _ in rows]
         completions: list[tuple[list[int], FinishReason, list[float] | None]] = []
+        size = self.config.max_batch_size
         with self._seeded(params.seed), torch.inference_mode():
-            for start in range(0, len(rows), chunk_rows):
-                chunk = rows[start : start + chunk_rows]
-                prompts = [requests[index].prompt_token_ids for index, _ in chunk]
-                if self._decoder is None:
-                    completions.extend(self._generate_chunk(prompts, params, generation_config))
-                else:
-                    output = self._decoder.decode(prompts, chunk_rows, params)
-                    logprobs = None if output.logprobs is None else output.logprobs.tolist()
-                    completions.extend(_completions(output.tokens.tolist(), logprobs, params))
+            if self._decoder is None:
+                for start in range(0, len(rows), size):
+                    chunk = slice(start, start + size)
+                    completions += self._generate_chunk(prompts[chunk], limits[chunk], params)
+            elif rows:
+                # One call for every sequence: a row that finishes takes the next waiting one.
+                output = self._decoder.decode(prompts, limits, min(size, len(rows)), params)
+                completions = _decoded(output, params)
         return [
             GenerationResult(
                 request_id=requests[index].request_id,
@@ -228,29 +234,33 @@ class HFRolloutEngine(EngineAdapter):
         ]
 
     def _generate_chunk(
-        self,
-        prompts: Sequence[tuple[int, ...]],
-        params: SamplingParams,
-        generation_config: GenerationConfig,
+        self, prompts: Sequence[tuple[int, ...]], limits: Sequence[int], params: SamplingParams
     ) -> list[tuple[list[int], FinishReason, list[float] | None]]:
+        """transformers' ``generate`` for one chunk, as far as its longest limit; each row is cut
+        at its own (the tokens before a cut do not depend on it)."""
         width = max(len(prompt) for prompt in prompts)
         input_ids = torch.full((len(prompts), width), PAD_ID, dtype=torch.long)
         attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, prompt in enumerate(prompts):
             input_ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             attention_mask[row, width - len(prompt) :] = 1
+        longest = max(limits)
+        chunk_params = attrs.evolve(
+            params, max_new_tokens=longest, min_new_tokens=min(params.min_new_tokens, longest)
+        )
         model = cast(_CausalLM, self.model)
         output = model.generate(
             input_ids=input_ids.to(self._device),
             attention_mask=attention_mask.to(self._device),
-            generation_config=generation_config,
+            generation_config=_generation_config(chunk_params),
         )
         generated: torch.Tensor = output.sequences[:, width:]
         logprobs = None
         if params.return_logprobs:
             raw_logits: tuple[torch.Tensor, ...] = output.logits
             logprobs = _chosen_logprobs(raw_logits, generated, params).tolist()
-        return _completions(generated.tolist(), logprobs, params)
+        tokens = [row[:limit] for row, limit in zip(generated.tolist(), limits, strict=True)]
+        return _completions(tokens, logprobs, params)
 
     @contextmanager
     def _seeded(self, seed: int | None) -> Iterator[None]:
@@ -379,6 +389,20 @@ def _chosen_logprobs(
         logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
         columns.append(logprobs.gather(1, generated[:, step, None])[:, 0])
     return torch.stack(columns, dim=1).cpu()
+
+
+def _decoded(
+    output: DecodeOutput, params: SamplingParams
+) -> list[tuple[list[int], FinishReason, list[float] | None]]:
+    """The static loop's sequences, each its first ``lengths[i]`` tokens."""
+    lengths = output.lengths.tolist()
+    tokens = [row[:length] for row, length in zip(output.tokens.tolist(), lengths, strict=True)]
+    logprobs = None
+    if output.logprobs is not None:
+        logprobs = [
+            row[:length] for row, length in zip(output.logprobs.tolist(), lengths, strict=True)
+        ]
+    return _completions(tokens, logprobs, params)
 
 
 def _completions(

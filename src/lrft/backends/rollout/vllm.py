@@ -191,13 +191,16 @@ class VLLMRolloutEngine(EngineAdapter):
             # vLLM refuses n > 1 with greedy sampling; greedy samples are identical, so each
             # is its own request.
             copies = params.n if params.greedy else 1
-            vllm_params = compat.sampling_params(
-                attrs.evolve(params, n=1) if copies > 1 else params
-            )
+            per_copy = attrs.evolve(params, n=1) if copies > 1 else params
+            # one vLLM SamplingParams per distinct request cap (vLLM takes one per prompt)
+            by_cap: dict[int, Any] = {}
             for request in requests:
+                capped = request.capped(per_copy)
+                if capped.max_new_tokens not in by_cap:
+                    by_cap[capped.max_new_tokens] = compat.sampling_params(capped)
                 for _ in range(copies):
                     prompts.append(TokensPrompt(prompt_token_ids=list(request.prompt_token_ids)))
-                    sampling.append(vllm_params)
+                    sampling.append(by_cap[capped.max_new_tokens])
                     owners.append(batch_index)
         seeded = any(params.seed is not None for _, params in batches)
         # vLLM 0.32's CPU sampler draws per-row seeds from the global generator even for seeded

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import pytest
 
+from lrft.testing.conformance._rollout_cap_checks import check_request_caps
 from lrft.testing.conformance._rollout_common import (
     EngineModels,
     SuiteCheck,
@@ -112,6 +113,7 @@ __all__ = [
     "check_n_samples",
     "check_outputs_follow_every_load",
     "check_protocol_surface",
+    "check_request_caps",
     "check_sampled_logprobs",
     "check_sampled_stops_and_min_new_tokens",
     "check_samples_follow_the_distribution",
@@ -207,6 +209,9 @@ class RolloutEngineSuite(RolloutEngineHooks[E]):
 
     def test_multimodal_needs_capability(self, pool: RankPool, engine_models: EngineModels) -> None:
         self.run_check(pool, check_multimodal_gated, engine_models)
+
+    def test_request_caps(self, pool: RankPool, engine_models: EngineModels) -> None:
+        self.run_check(pool, check_request_caps, engine_models)
 
     # --- memory states ---------------------------------------------------------------------
 
