@@ -14,6 +14,8 @@ from typing import Any
 import attrs
 
 from lrft.algo import AGGREGATION_MODES, kl_estimators, policy_losses
+from lrft.rewards.judge_template import JUDGE_TEMPLATES
+from lrft.rewards.remote_protocols import PROTOCOLS
 from lrft.trainer.config import (
     ENGINE_MAX_TP,
     HF_DECODE_PATHS,
@@ -158,7 +160,7 @@ FLAGS: tuple[Flag, ...] = (
         group=FlagGroup.REWARDS,
         kind=str,
         metavar="URL[,URL...]",
-        help="reward services: one JSON POST per batch (docs/rewards-and-data.md has the format)",
+        help="reward services: JSON POSTs of each batch, in --remote_rm_protocol's format (docs/reward-models.md has the formats)",
     ),
     Flag(
         name="remote_rm_timeout_s",
@@ -171,6 +173,25 @@ FLAGS: tuple[Flag, ...] = (
         group=FlagGroup.REWARDS,
         kind=int,
         help="tries per batch when a reward service times out or answers 408, 429 or 5xx (needs --remote_rm_url)",
+    ),
+    Flag(
+        name="remote_rm_protocol",
+        group=FlagGroup.REWARDS,
+        kind=str,
+        choices=tuple(PROTOCOLS),
+        help="the services' request and reply format: lrft's, or OpenRLHF's (LightRFT's) query/prompts/labels in, rewards out (needs --remote_rm_url)",
+    ),
+    Flag(
+        name="remote_rm_batch_size",
+        group=FlagGroup.REWARDS,
+        kind=int,
+        help="the most samples one POST carries (unset: a rank's whole batch in one; needs --remote_rm_url)",
+    ),
+    Flag(
+        name="remote_rm_max_concurrency",
+        group=FlagGroup.REWARDS,
+        kind=int,
+        help="the most POSTs of one batch in flight at once, per rank and service (needs --remote_rm_url)",
     ),
     Flag(
         name="remote_rm_auth_env",
@@ -186,7 +207,47 @@ FLAGS: tuple[Flag, ...] = (
         group=FlagGroup.REWARDS,
         kind=str,
         metavar="W[,W...]",
-        help="one weight per reward, in the order reward_fn, reward_pretrain..., remote_rm_url...; the score is the weighted sum (unset: all 1)",
+        help="one weight per reward, in the order reward_fn, reward_pretrain..., grm_pretrain..., remote_rm_url...; the score is the weighted sum (unset: all 1)",
+    ),
+    Flag(
+        name="grm_pretrain",
+        group=FlagGroup.REWARDS,
+        kind=str,
+        metavar="PATH[,PATH...]",
+        help="generative reward models: causal-LM judges, each served by an hf engine asleep outside its call; "
+        "the verdict parsed by --grm_template is the score",
+    ),
+    Flag(
+        name="grm_template",
+        group=FlagGroup.REWARDS,
+        kind=str,
+        metavar="NAME|FILE",
+        help=f"the judges' prompt and verdict form: {', '.join(JUDGE_TEMPLATES)} or a JSON/YAML file (docs/reward-models.md)",
+    ),
+    Flag(
+        name="grm_max_new_tokens",
+        group=FlagGroup.REWARDS,
+        kind=int,
+        help="tokens a judge may write per verdict (needs --grm_pretrain)",
+    ),
+    Flag(
+        name="grm_apply_chat_template",
+        group=FlagGroup.REWARDS,
+        kind=bool,
+        help="wrap judge prompts in the judge tokenizer's chat template",
+    ),
+    Flag(
+        name="grm_unparsable_score",
+        group=FlagGroup.REWARDS,
+        kind=float,
+        help="the score of a verdict the template cannot read, counted as reward/<judge>/unparsable (unset: the template's)",
+    ),
+    Flag(
+        name="reward_recipes",
+        group=FlagGroup.REWARDS,
+        kind=str,
+        metavar="FILE",
+        help="JSON/YAML mapping each data label (--label_key) to {reward name: weight}: per-label weighted sums instead of --reward_weights",
     ),
     Flag(
         name="n_samples_per_prompt",

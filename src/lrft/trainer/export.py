@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from lrft.api.protocols import WeightSource
 
 EXPORT_BUCKET_BYTES = 64 * 2**20
 HF_MODEL_DIR = "hf_model"
 """The exported model's folder under ``SAVE_PATH``; written as ``.tmp-hf_model`` first."""
+
+ModelFromConfig = Callable[[PretrainedConfig, torch.dtype], PreTrainedModel]
+"""Builds the empty model an export loads the gathered weights into."""
+
+
+def causal_lm_from_config(config: PretrainedConfig, dtype: torch.dtype) -> PreTrainedModel:
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]  # transformers leaves from_config unannotated
+    return model
 
 
 def export_hf(
@@ -22,8 +37,11 @@ def export_hf(
     pretrained: str | Path,
     tokenizer: PreTrainedTokenizerBase,
     directory: Path,
+    model_config: PretrainedConfig | None = None,
+    from_config: ModelFromConfig = causal_lm_from_config,
 ) -> None:
-    """Write ``source``'s weights with ``pretrained``'s config and the tokenizer. Collective.
+    """Write ``source``'s weights with ``pretrained``'s config (or ``model_config``) and the
+    tokenizer, as the model ``from_config`` builds (a causal LM unless told). Collective.
 
     Every rank iterates ``full_weights``; rank 0 alone writes, to a temporary name renamed when
     complete. Weights come only from ``full_weights``, whatever the backend.
@@ -34,9 +52,11 @@ def export_hf(
         if rank == 0:
             state.update((name, tensor.detach().to("cpu", copy=True)) for name, tensor in bucket)
     if rank == 0:
-        config = AutoConfig.from_pretrained(pretrained)
+        config = (
+            model_config if model_config is not None else AutoConfig.from_pretrained(pretrained)
+        )
         dtype = next(iter(state.values())).dtype
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]  # transformers leaves from_config unannotated
+        model = from_config(config, dtype)
         missing, unexpected = model.load_state_dict(state, strict=False)
         tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - set(
             dict(model.named_parameters())

@@ -26,6 +26,7 @@ import re
 import secrets
 import shutil
 from pathlib import Path
+from typing import Protocol
 
 import torch.distributed as dist
 
@@ -33,7 +34,6 @@ import lrft
 from lrft.api.errors import ConfigError
 from lrft.dist import broadcast_object
 from lrft.trainer.checkpoint import checkpoint_entries, checkpoint_owner, latest_checkpoint
-from lrft.trainer.config import TrainConfig
 from lrft.trainer.export import HF_MODEL_DIR
 from lrft.trainer.metrics import CURVES_FILE, METRICS_FILE, TENSORBOARD_DIR
 from lrft.trainer.trajectories import TRAJECTORY_DIR
@@ -55,6 +55,23 @@ _FOLDER_FILES = (
 )
 _COMPLETE_LOOKING = re.compile(rf"global_step\d+|{HF_MODEL_DIR}")
 _SHOWN = 3  # entries of one kind a message names before it counts the rest
+
+
+class RunFolders(Protocol):
+    """The settings that say where a run writes and whether it continues or replaces another
+    (``lrft train``'s and ``lrft train-rm``'s configs both have them, under these names)."""
+
+    @property
+    def save_path(self) -> str: ...
+
+    @property
+    def checkpoint_dir(self) -> str: ...
+
+    @property
+    def load_checkpoint(self) -> bool: ...
+
+    @property
+    def overwrite_output(self) -> bool: ...
 
 
 def new_run_id() -> str:
@@ -162,7 +179,7 @@ def remove_outputs(found: dict[str, list[Path]], save_path: Path, checkpoint_dir
             folder.rmdir()
 
 
-def _occupied(config: TrainConfig, found: dict[str, list[Path]]) -> str:
+def _occupied(config: RunFolders, found: dict[str, list[Path]]) -> str:
     save_path, checkpoints = Path(config.save_path), Path(config.checkpoint_dir)
     fresh = (
         "--save_path" if checkpoints.is_relative_to(save_path) else "--save_path and --ckpt_path"
@@ -179,7 +196,7 @@ def _occupied(config: TrainConfig, found: dict[str, list[Path]]) -> str:
     )
 
 
-def refusal(config: TrainConfig) -> str | None:
+def refusal(config: RunFolders) -> str | None:
     """Why this run may not write into its folders (see the module docstring); ``None`` when it
     may. Reads files only."""
     save_path, checkpoints = Path(config.save_path), Path(config.checkpoint_dir)
@@ -213,7 +230,7 @@ def refusal(config: TrainConfig) -> str | None:
     )
 
 
-def claim_outputs(config: TrainConfig, *, rank: int) -> str | None:
+def claim_outputs(config: RunFolders, *, rank: int) -> str | None:
     """Refuse, on every rank, a run that would mix its outputs with another's (``ConfigError``
     from :func:`refusal`); with ``overwrite_output``, remove the outputs found (rank 0). Returns,
     on rank 0, what was removed, for the run to say.

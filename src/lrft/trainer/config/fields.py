@@ -66,18 +66,41 @@ class TrainFields:
     remote_rm_url: tuple[str, ...] = attrs.field(
         default=(), converter=f.reward_urls, validator=f.http_urls, repr=f.redacted_repr
     )
-    """Reward services (JSON over HTTP, see :mod:`lrft.rewards.remote`), one POST per batch.
+    """Reward services (JSON over HTTP, see :mod:`lrft.rewards.remote`): one POST per batch, or
+    per ``remote_rm_batch_size`` samples.
     Credentials in them (``user:password@``, ``?token=...``) are hidden wherever lrft shows or
     saves the config; ``remote_rm_auth_env`` keeps them off the command line."""
     remote_rm_timeout_s: float = attrs.field(default=30.0, validator=f.positive_float)
     remote_rm_max_attempts: int = attrs.field(default=3, validator=f.positive)
+    remote_rm_protocol: str = attrs.field(default="lrft", validator=f.remote_protocol)
+    """The services' request and reply format: ``lrft`` or ``openrlhf`` (OpenRLHF's and
+    LightRFT's ``query``/``prompts``/``labels`` in, ``rewards`` out; see
+    :mod:`lrft.rewards.remote_protocols`)."""
+    remote_rm_batch_size: int | None = attrs.field(default=None, validator=f.optional_positive)
+    """The most samples one POST carries; unset: a rank's whole batch in one POST."""
+    remote_rm_max_concurrency: int = attrs.field(default=1, validator=f.positive)
+    """The most POSTs of one batch in flight at once, per rank and service."""
     remote_rm_auth_env: tuple[str, ...] = attrs.field(default=(), converter=f.auth_env_names)
     """Names of environment variables, one per ``remote_rm_url``, whose values are sent as
     ``Authorization: Bearer <value>`` to that service (an empty entry: no header). The config
     holds only the names; the values are read on each rank when the rewards are built."""
     reward_weights: tuple[float, ...] | None = attrs.field(default=None, converter=f.weights)
-    """One weight per reward, in the order reward_fn, reward_pretrain..., remote_rm_url...; the
-    score is their weighted sum. Unset: every weight 1."""
+    """One weight per reward, in the order reward_fn, reward_pretrain..., grm_pretrain...,
+    remote_rm_url...; the score is their weighted sum. Unset: every weight 1."""
+    grm_pretrain: tuple[str, ...] = attrs.field(default=(), converter=f.grm_paths)
+    """Generative reward models (causal-LM judges), each served by its own hf engine that sleeps
+    outside its call; the parsed verdict is the score (:mod:`lrft.rewards.generative`)."""
+    grm_template: str = "pointwise-boxed"
+    """The judges' template: a built-in name or a JSON/YAML file
+    (:mod:`lrft.rewards.judge_template`)."""
+    grm_max_new_tokens: int = attrs.field(default=64, validator=f.positive)
+    grm_apply_chat_template: bool = False
+    """Wrap each judge prompt in the judge tokenizer's chat template."""
+    grm_unparsable_score: float | None = attrs.field(default=None, validator=f.optional_finite)
+    """The score of a verdict the template cannot read; unset: the template's."""
+    reward_recipes: str | None = None
+    """A JSON/YAML file mapping each data label to ``{reward name: weight}``: per-label weighted
+    sums instead of ``reward_weights`` (:mod:`lrft.trainer.recipes`)."""
     # rollout ---------------------------------------------------------------------------------
     n_samples_per_prompt: int = attrs.field(default=8, validator=f.positive)
     rollout_batch_size: int = attrs.field(default=32, validator=f.positive)
@@ -233,6 +256,12 @@ class TrainFields:
 
     @property
     def reward_count(self) -> int:
-        """How many rewards are combined: reward_fn, each reward model, each remote service."""
+        """How many rewards are combined: reward_fn, each reward model, each judge, each remote
+        service."""
         # Derived, yet here: the checks count the rewards.
-        return (self.reward_fn is not None) + len(self.reward_pretrain) + len(self.remote_rm_url)
+        return (
+            (self.reward_fn is not None)
+            + len(self.reward_pretrain)
+            + len(self.grm_pretrain)
+            + len(self.remote_rm_url)
+        )

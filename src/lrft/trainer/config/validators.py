@@ -65,6 +65,14 @@ optional_unit_interval = optional(_unit_interval)
 optional_fraction = optional(_fraction)
 
 
+def _finite(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not _is_number(value) or not math.isfinite(value):
+        raise ConfigError(f"{attribute.name} must be a finite number, got {value!r}")
+
+
+optional_finite = optional(_finite)
+
+
 def token_ratio(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
     if not _is_number(value) or not 0.0 <= value < 1.0:
         raise ConfigError(
@@ -148,6 +156,13 @@ def redacted_repr(value: object) -> str:
     return repr(redact(value))
 
 
+def remote_protocol(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    from lrft.rewards.remote_protocols import PROTOCOLS
+
+    if value not in PROTOCOLS:
+        raise ConfigError(f"{attribute.name} {value!r} is unknown; choose one of {list(PROTOCOLS)}")
+
+
 def http_urls(_: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
     for url in value:
         parts = urllib.parse.urlsplit(url)
@@ -190,6 +205,10 @@ def reward_paths(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, 
 
 def reward_urls(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
     return _items(value, "remote_rm_url")
+
+
+def grm_paths(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    return _items(value, "grm_pretrain")
 
 
 def auth_env_names(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
