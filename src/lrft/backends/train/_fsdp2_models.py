@@ -15,17 +15,20 @@ from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from lrft.api.errors import LrftError
-from lrft.api.types import Location, ModelPart, StepReport
+from lrft.api.types import Location, ModelPart, StepReport, WeightsMark, WeightsUpdate
 from lrft.backends.train import _fsdp2_checkpoint as checkpoint
 from lrft.backends.train._fsdp2_gather import (
     BucketInFlight,
     BucketPlan,
     Entry,
     entry_of,
+    gather_full,
     gathered_dtype,
 )
+from lrft.backends.train._fsdp2_units import UnitGather
 from lrft.backends.train._names import hf_name
 from lrft.backends.train._placement import OffloadableModel, TrainableParts, optimizer_moments
+from lrft.backends.train._weights_layout import Unit, WeightMarks, weights_units
 
 NAME = "fsdp2"
 
@@ -61,9 +64,15 @@ class FSDP2FrozenModel(OffloadableModel):
         # copies instead): walking the wrapped module costs more than a world-1 sync's copies,
         # and FSDP2 keeps these Parameter objects for the module's life (moves and checkpoint
         # loads replace their data in place).
-        self._entries = [entry_of(hf_name(name), p) for name, p in module.named_parameters()]
+        named = list(module.named_parameters())
+        self._entries = [entry_of(hf_name(name), p) for name, p in named]
         self._names = [entry.name for entry in self._entries]
         self._sharded = [entry.param for entry in self._entries]
+        # What the parameters yield (a LoRA model's merged weights), and which of them vary.
+        self._units = weights_units(module, [name for name, _ in named], self._sharded)
+        self._merges = any(unit.merged for unit in self._units)
+        self._unit_gather = UnitGather(self._entries, device)
+        self._marks = WeightMarks(self._units, device)
         self._all_dtensors = all(isinstance(p, DTensor) for p in self._sharded)
         # bucket_bytes, the shards' sizes and the bucket bounds of the last local sync
         self._last_bounds: tuple[int, list[int], list[tuple[int, int]]] | None = None
@@ -101,7 +110,78 @@ class FSDP2FrozenModel(OffloadableModel):
         reached that bucket issued too."""
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+        if self._merges:
+            return self._unit_buckets("full", self._units, bucket_bytes, gather_dtype)
         return self._buckets(bucket_bytes, gather_dtype)
+
+    # --- IncrementalWeightSource, and the LoRA model's other weights --------------------------
+
+    def weights_mark(self, held: WeightsMark | None) -> WeightsUpdate:
+        """Fingerprints this rank's shards of the frozen weights' parameters (collective when
+        there are any)."""
+        frozen = [
+            self._local(self._sharded[i])
+            for unit in self._units
+            if not unit.varying
+            for i in unit.sources
+        ]
+        return self._marks.update(held, frozen)
+
+    def varying_weights(
+        self, bucket_bytes: int, *, gather_dtype: torch.dtype | None = None
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+        units = [unit for unit in self._units if unit.varying]
+        return self._unit_buckets("varying", units, bucket_bytes, gather_dtype)
+
+    def base_weights(
+        self, bucket_bytes: int, *, gather_dtype: torch.dtype | None = None
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """``full_weights`` with every LoRA adapter left out (the base model's weights)."""
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+        units = [Unit(name=unit.name, sources=unit.sources[:1]) for unit in self._units]
+        return self._unit_buckets("base", units, bucket_bytes, gather_dtype)
+
+    @torch.no_grad()
+    def trainable_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter that requires grad, gathered to its full shape, on the host, in the
+        module's own names (a peft model's adapter names). Collective."""
+        named = [
+            (name, param)
+            for name, param in self._module.named_parameters()
+            if param.requires_grad
+        ]
+        full = gather_full(named, self._device)
+        return {name: tensor.to("cpu", copy=True) for name, tensor in full}
+
+    def _unit_buckets(
+        self,
+        selection: str,
+        units: list[Unit],
+        bucket_bytes: int,
+        gather_dtype: torch.dtype | None,
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        if self._gathering:
+            raise LrftError(
+                "full_weights: another pass over this model's weights is still open; with "
+                "several ranks its gather buffers are shared, so drain or close it first"
+            )
+        yield from self._unit_gather.buckets(
+            selection, units, bucket_bytes, gather_dtype, self._pass
+        )
+
+    def _pass(self, plans: list[BucketPlan]) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        self._gathering = True
+        try:
+            yield from self._gathered(plans)
+        finally:
+            self._gathering = False
+
+    @staticmethod
+    def _local(param: torch.Tensor) -> torch.Tensor:
+        return param._local_tensor if isinstance(param, DTensor) else param
 
     def _buckets(
         self, bucket_bytes: int, gather_dtype: torch.dtype | None

@@ -1,0 +1,104 @@
+"""An FSDP2 model's weights gathered unit by unit (``_weights_layout.Unit``): the path of a LoRA
+model's merged weights, of the varying weights alone, and of a LoRA model's base weights.
+
+A bucket holds whole units: an adapted module's base weight travels with its ``lora_A`` and
+``lora_B`` and is merged once gathered. Those three are gathered in their own dtype (the merge is
+exact in the parameters' precision) and the merged weight is then cast to ``gather_dtype``;
+the other weights are cast before the all-gather, as on the plain path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from lrft.backends.train._fsdp2_gather import BucketPlan, Entry, gathered_dtype
+from lrft.backends.train._weights_layout import Unit, pack_units, unit_tensor
+
+Bucket = list[tuple[str, torch.Tensor]]
+Gathered = Callable[[list[BucketPlan]], Iterator[Bucket]]
+
+
+class UnitGather:
+    """Buckets of whole units of one FSDP2 model, with the gather plans of each selection of
+    units kept (FSDP2 keeps its parameters' shapes, so the plans stay valid)."""
+
+    def __init__(self, entries: Sequence[Entry], device: torch.device) -> None:
+        self._entries = list(entries)
+        self._device = device
+        self._plans: dict[tuple[str, int, torch.dtype | None], list[list[Unit]]] = {}
+        self._gather_plans: dict[tuple[str, int, torch.dtype | None], list[BucketPlan]] = {}
+
+    def _yielded_dtype(self, unit: Unit, gather_dtype: torch.dtype | None) -> torch.dtype:
+        entry = self._entries[unit.sources[0]]
+        if gather_dtype is not None and gather_dtype.is_floating_point and entry.floating:
+            if entry.mesh_ranks > 1 or (unit.merged and dist.get_world_size() > 1):
+                return gather_dtype
+        return entry.param.dtype
+
+    def _buckets(
+        self, key: tuple[str, int, torch.dtype | None], units: Sequence[Unit]
+    ) -> list[list[Unit]]:
+        if key not in self._plans:
+            _, bucket_bytes, gather_dtype = key
+            sizes = [
+                self._entries[u.sources[0]].numel * self._yielded_dtype(u, gather_dtype).itemsize
+                for u in units
+            ]
+            self._plans[key] = pack_units(units, sizes, bucket_bytes)
+        return self._plans[key]
+
+    def buckets(
+        self,
+        selection: str,
+        units: Sequence[Unit],
+        bucket_bytes: int,
+        gather_dtype: torch.dtype | None,
+        gathered: Gathered,
+    ) -> Iterator[Bucket]:
+        """Greedy in-order buckets of ``units`` (named ``selection``, the key its plans are
+        kept under). Collective. ``gathered`` runs the plans of several ranks (the model's
+        pipelined pass over them)."""
+        key = (selection, bucket_bytes, gather_dtype)
+        buckets = self._buckets(key, units)
+        if dist.get_world_size() == 1:
+            for bucket in buckets:
+                yield [(unit.name, self._local_unit(unit)) for unit in bucket]
+            return
+        if key not in self._gather_plans:
+            self._gather_plans[key] = [self._plan(bucket, gather_dtype) for bucket in buckets]
+        for bucket, raw in zip(buckets, gathered(self._gather_plans[key]), strict=True):
+            yield self._outputs(bucket, [tensor for _, tensor in raw], gather_dtype)
+
+    def _plan(self, bucket: list[Unit], gather_dtype: torch.dtype | None) -> BucketPlan:
+        entries = [
+            self._entries[i]._replace(cast=not unit.merged) for unit in bucket for i in unit.sources
+        ]
+        return BucketPlan(entries, self._device, gather_dtype)
+
+    def _outputs(
+        self, bucket: list[Unit], full: list[torch.Tensor], gather_dtype: torch.dtype | None
+    ) -> Bucket:
+        out: Bucket = []
+        start = 0
+        for unit in bucket:
+            sources = full[start : start + len(unit.sources)]
+            start += len(unit.sources)
+            tensor = unit_tensor(unit, sources)
+            if unit.merged:
+                tensor = tensor.to(self._yielded_dtype(unit, gather_dtype))
+            out.append((unit.name, tensor))
+        return out
+
+    @torch.no_grad()
+    def _local_unit(self, unit: Unit) -> torch.Tensor:
+        """One rank: each shard is the whole tensor (moved to the device if it is on the host)."""
+        full = []
+        for i in unit.sources:
+            param = self._entries[i].param
+            local = param._local_tensor if isinstance(param, DTensor) else param
+            full.append(local.detach().to(self._device))
+        return unit_tensor(unit, full)
