@@ -34,6 +34,7 @@ class FlagGroup(enum.Enum):
     ALGORITHM = "algorithm (advantages, KL, policy loss)"
     CRITIC = "critic (PPO, with --advantage_estimator gae)"
     TRAINING = "training"
+    LORA = "LoRA (adapters on the actor; pip install 'lrft[lora]')"
     BACKEND = "train backend (FSDP2, DeepSpeed) and collectives"
     OUTPUT = "outputs, checkpoints, evaluation and logging"
 
@@ -47,8 +48,8 @@ class Flag:
     help: str
     choices: Sequence[str] | None = None
     metavar: str | tuple[str, ...] | None = None
-    nargs: int | None = None
-    """How many values the flag takes (``None``: one)."""
+    nargs: int | str | None = None
+    """How many values the flag takes (``None``: one; ``"+"``: one or more)."""
     computed_default: str | None = None
     """How ``--help`` states a default that TrainConfig computes from other settings."""
 
@@ -518,6 +519,37 @@ FLAGS: tuple[Flag, ...] = (
         group=FlagGroup.BACKEND,
         kind=bool,
         help="keep optimizer state on the host outside the policy phase",
+    ),
+    # LoRA ----------------------------------------------------------------------------------------
+    Flag(
+        name="lora_rank",
+        group=FlagGroup.LORA,
+        kind=int,
+        help="train LoRA adapters of this rank on the actor instead of all its weights (0: off); "
+        "the KL reference is the actor with its adapters disabled, and the engine gets the merged "
+        "weights",
+    ),
+    Flag(
+        name="lora_alpha",
+        group=FlagGroup.LORA,
+        kind=float,
+        help="the adapters' scaling is lora_alpha / lora_rank (needs --lora_rank)",
+    ),
+    Flag(
+        name="lora_dropout",
+        group=FlagGroup.LORA,
+        kind=float,
+        help="dropout on the adapters' input while training (needs --lora_rank)",
+    ),
+    Flag(
+        name="target_modules",
+        group=FlagGroup.LORA,
+        kind=str,
+        nargs="+",
+        metavar="NAME",
+        help="the linear modules given adapters: names or name suffixes (q_proj v_proj, or "
+        "q_proj,v_proj), or all-linear for every linear module but the output head; a name that "
+        "matches no module is an error (needs --lora_rank)",
     ),
     Flag(
         name="seed",

@@ -10,6 +10,7 @@ neither peft's merge nor lrft's. Needs peft (``pip install 'lrft[lora]'``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import torch
 
@@ -97,3 +98,23 @@ class LoraTrainModels:
     @classmethod
     def model_for_load(cls, saved_seed: int, fresh_seed: int) -> torch.nn.Module:
         return tiny_lora_model(saved_seed, adapter_seed=fresh_seed)
+
+
+class LoraSyncModels:
+    """Mixed in first, runs a ``WeightSyncSuite`` subclass with a LoRA source: the engine must
+    hold the plain merge of the source's parameters (which the subclass's
+    ``source_parameters`` backdoor reads)."""
+
+    lora = True
+    model_heads: ClassVar[tuple[int, int]]
+
+    @classmethod
+    def make_source_model(cls, *, tied: bool = False) -> torch.nn.Module:
+        q, kv = cls.model_heads
+        return tiny_lora_model(
+            0, tie_word_embeddings=tied, num_attention_heads=q, num_key_value_heads=kv
+        )
+
+    @classmethod
+    def expected_weights(cls, parameters: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return plain_merge(parameters)

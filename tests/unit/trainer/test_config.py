@@ -278,6 +278,10 @@ def _non_default(name: str) -> list[str]:
             "--remote_rm_auth_env=RM_TOKEN",
         ],
         "reward_weights": ["--reward_weights=0.5"],
+        # the adapters' settings need adapters
+        "lora_alpha": ["--lora_rank=8", "--lora_alpha=8"],
+        "lora_dropout": ["--lora_rank=8", "--lora_dropout=0.1"],
+        "target_modules": ["--lora_rank=8", "--target_modules", "q_proj", "v_proj"],
     }
     if name in special:
         return special[name]

@@ -30,10 +30,17 @@ import torch
 from lrft.api.capabilities import SyncCapabilities
 from lrft.api.digest import combine_digests, format_digests
 from lrft.api.errors import WeightSyncError
-from lrft.api.protocols import InPlaceWeightLoader, RolloutEngine, WeightLoader, WeightSource
-from lrft.api.types import EnginePart, SyncReport, TensorSpec, WeightsResidency
+from lrft.api.protocols import (
+    IncrementalWeightSource,
+    InPlaceWeightLoader,
+    RolloutEngine,
+    WeightLoader,
+    WeightSource,
+)
+from lrft.api.types import EnginePart, SyncReport, TensorSpec, WeightsResidency, WeightsUpdate
 from lrft.backends.sync._copy_plan import CopyPlan
 from lrft.backends.sync._digests import PendingDigests
+from lrft.backends.sync._held import Held, HeldDigests, HeldSlot
 from lrft.backends.sync._layout import Bucket, Layout, MemoSlot
 from lrft.kernels import DigestBuffer
 
@@ -63,18 +70,26 @@ class DirectSync:
     bucket_bytes: upper bound of one gathered bucket (a single larger tensor travels alone).
     verify: compare the engine's per-tensor digest with the sent tensors' (on by default).
     name_map: trainer (Hugging Face) name -> engine name, for engines that rename weights.
+    changes_only: from an ``IncrementalWeightSource`` into an engine that still holds what
+        this sync loaded last, send only the weights that changed (the varying ones, e.g. a
+        LoRA model's adapted modules) when the source says every rank can (see ``WeightSync``).
     """
 
     bucket_bytes: int = attrs.field(default=DEFAULT_BUCKET_BYTES, validator=_positive)
     verify: bool = True
     name_map: Callable[[str], str] = _identity
+    changes_only: bool = True
     # What the checks of the last engine layout found, kept for the next sync: a trainer syncs
     # the same buckets from the same addresses step after step.
     _memo: MemoSlot = attrs.field(factory=lambda: MemoSlot(), init=False, repr=False, eq=False)
+    # What the last successful sync left in its engine, for sending only what changed next.
+    _held: HeldSlot = attrs.field(factory=lambda: HeldSlot(), init=False, repr=False, eq=False)
 
     @property
     def capabilities(self) -> SyncCapabilities:
-        return SyncCapabilities(verifies_digest=self.verify, cross_device=False)
+        return SyncCapabilities(
+            verifies_digest=self.verify, cross_device=False, sends_changes_only=self.changes_only
+        )
 
     def sync(self, source: WeightSource, engine: RolloutEngine, *, version: int) -> SyncReport:
         """Load ``source``'s current weights into ``engine`` as ``version``; see ``WeightSync``.
@@ -85,6 +100,9 @@ class DirectSync:
         """
         start = time.perf_counter()
         specs = engine.parameter_specs()
+        update = self._weights_update(source, engine)  # collective, when the source is one
+        held = self._held.take() if update is not None and update.varying_only else None
+        self._held.clear()  # until this sync succeeds, the engine holds nothing known
         if engine.state.weights is not WeightsResidency.RESIDENT:
             engine.wake([EnginePart.WEIGHTS])
         # Nothing here is differentiated: copies of parameters that require grad would
@@ -95,13 +113,26 @@ class DirectSync:
                 specs, in_place.digest_order() if in_place is not None else None
             )
             stream = _Stream(
-                layout=layout, name_map=self.name_map, verify=self.verify, in_place=in_place
+                layout=layout,
+                name_map=self.name_map,
+                verify=self.verify,
+                in_place=in_place,
+                held=held,
+                changed=None if held is None else frozenset(map(self.name_map, held.varying)),
             )
             # Sources that communicate to gather may then cast first and move fewer bytes.
-            buckets = source.full_weights(self.bucket_bytes, gather_dtype=layout.gather_dtype)
+            if held is not None:
+                assert isinstance(source, IncrementalWeightSource)
+                buckets = source.varying_weights(
+                    self.bucket_bytes, gather_dtype=layout.gather_dtype
+                )
+            else:
+                buckets = source.full_weights(self.bucket_bytes, gather_dtype=layout.gather_dtype)
             stream.run(buckets, load)
             tensors, nbytes = stream.check_complete()
             digest = stream.verify_engine(engine) if self.verify else ""
+        if update is not None:
+            self._held.record(engine, version, update.mark, stream.record(in_place is not None))
         return SyncReport(
             version=version,
             tensors=tensors,
@@ -110,7 +141,17 @@ class DirectSync:
             seconds=time.perf_counter() - start,
             verified=self.verify,
             digest=digest,
+            unchanged=len(specs) - tensors if held is not None else 0,
         )
+
+    def _weights_update(self, source: WeightSource, engine: RolloutEngine) -> WeightsUpdate | None:
+        """The source's mark and whether only its varying weights need sending (collective
+        over the source's group); ``None`` for a source that cannot tell, or when off."""
+        if not self.changes_only or not _tells_changes(type(source)):
+            return None
+        assert isinstance(source, IncrementalWeightSource)
+        in_place = self.verify and "loads_in_place" in engine.capabilities.names()
+        return source.weights_mark(self._held.mark_for(engine, verified=self.verify, in_place=in_place))
 
 
 @attrs.define
@@ -121,6 +162,10 @@ class _Stream:
     # Writing in place: the engine's loader, every weight's target (lent at once, in the
     # engine's digest order), and the sums of what was written there, on the device.
     in_place: InPlaceWeightLoader | None
+    # Sending changes only: what the engine holds from the last sync (digests of every weight),
+    # and the engine names of the weights sent now; both None for a complete sync.
+    held: Held | None = None
+    changed: frozenset[str] | None = None
     lent: list[torch.Tensor] = attrs.field(factory=list)
     sent_sums: torch.Tensor | None = None
     # The buckets as checked, in the order they came; duplicates and gaps are looked for once
@@ -130,6 +175,9 @@ class _Stream:
     # tensor (or per bucket) would stall the stream of gathers and copies.
     sent_digests: PendingDigests = attrs.field(factory=PendingDigests)
     buckets: int = 0
+    # What verification found the engine to hold, for the next sync to compare with.
+    verified_digests: dict[str, str] | None = None
+    verified_sums: torch.Tensor | None = None
 
     def run(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], load: WeightLoader) -> None:
         error: Exception | None = None
@@ -184,9 +232,13 @@ class _Stream:
     def _lend(self, load: InPlaceWeightLoader) -> None:
         if self.sent_sums is None:
             # Every weight is lent at once, the first time a bucket needs one: one call into
-            # the engine per sync, however many buckets.
-            self.lent = self.layout.lend(load)
-            self.sent_sums = self.layout.sums(self.lent[0].device)
+            # the engine per sync, however many buckets. Sending changes only, only the
+            # changed weights are lent (lending counts as loading).
+            if self.changed is None:
+                self.lent = self.layout.lend(load)
+            else:
+                self.lent = self.layout.lend_changed(load, self.changed)
+            self.sent_sums = self.layout.sums(self.lent[self.layout.first_lent].device)
 
     def _rerun(self, entry: Bucket, tensors: list[torch.Tensor]) -> bool:
         """Writes a known bucket in place through its plan, if the plan still holds: the
@@ -263,7 +315,10 @@ class _Stream:
 
     def check_complete(self) -> tuple[int, int]:
         """Every engine weight sent exactly once, or ``WeightSyncError``; the tensors and bytes
-        sent. The buckets of the last complete sync, in the same order, pass as they are."""
+        sent. The buckets of the last complete sync, in the same order, pass as they are.
+        Sending changes only: every changed weight sent exactly once, and nothing else."""
+        if self.changed is not None:
+            return self._check_changed(self.changed)
         complete = self.layout.complete
         if len(self.sent) != len(complete) or not all(map(operator.is_, self.sent, complete)):
             sent: set[str] = set()
@@ -282,14 +337,39 @@ class _Stream:
             self.layout.complete = list(self.sent)
         return len(self.layout.specs), sum(entry.nbytes for entry in self.sent)
 
+    def _check_changed(self, changed: frozenset[str]) -> tuple[int, int]:
+        sent: set[str] = set()
+        for entry in self.sent:
+            if not sent.isdisjoint(entry.names):
+                twice = next(name for name in entry.names if name in sent)
+                raise WeightSyncError(f"weight {twice!r} was sent twice in one sync")
+            sent.update(entry.names)
+        if sent != changed:
+            missing, extra = sorted(changed - sent), sorted(sent - changed)
+            raise WeightSyncError(
+                f"the source's varying weights were not the ones it named: missing {missing[:5]}, "
+                f"unexpected {extra[:5]}; the engine would serve a mix of old and new weights"
+            )
+        return len(sent), sum(entry.nbytes for entry in self.sent)
+
     def verify_engine(self, engine: RolloutEngine) -> str:
-        """Compares what the engine holds with what was sent; the combined digest of what was
-        sent, for the report."""
+        """Compares what the engine holds with what was sent (sending changes only, with what
+        it held of the others); the combined digest of all of it, for the report."""
         if self.in_place is None:
             sent = self.sent_digests.resolve()
+            if self.held is not None:
+                assert self.held.digests is not None
+                sent = {**self.held.digests, **sent}
             _verify(sent, engine.weights_digest())
+            self.verified_digests = sent
             return combine_digests(sent)
         return self._verify_in_place(self.in_place)
+
+    def record(self, in_place: bool) -> HeldDigests:
+        """The digests of every weight the engine now holds as verified (none unverified)."""
+        if not self.verify:
+            return None
+        return self.verified_sums if in_place else self.verified_digests
 
     def _verify_in_place(self, load: InPlaceWeightLoader) -> str:
         layout = self.layout
@@ -298,6 +378,7 @@ class _Stream:
             held = load.digest_sums()
             both = torch.stack((torch.zeros_like(held) if written is None else written, held))
             both = both.to("cpu")
+            self._fill_unsent(both[0])
             report = layout.report().of(both[0])
         else:
             # The sent sums are final once the copies are: they travel to the host ahead of the
@@ -311,6 +392,7 @@ class _Stream:
             layout.zero_sums_ahead()
             held_ready.record()
             sent_ready.synchronize()
+            self._fill_unsent(both[0])
             report = layout.report().of(both[0])
             held_ready.synchronize()
         # strings are made only for the report, or to name what differs
@@ -321,7 +403,17 @@ class _Stream:
                 format_digests(layout.order, specs, both[0]),
                 format_digests(layout.order, specs, both[1]),
             )
+        self.verified_sums = both[0].clone()
         return report
+
+    def _fill_unsent(self, sent: torch.Tensor) -> None:
+        """Sending changes only: the rows of the weights left in place take the sums they were
+        sent with, which the engine's own must still equal."""
+        if self.held is None:
+            return
+        assert self.held.sums is not None and self.changed is not None
+        rows = self.layout.unchanged_rows(self.changed)
+        sent[rows] = self.held.sums[rows]
 
 
 @functools.cache
@@ -334,6 +426,12 @@ def _loads_in_place(load: WeightLoader) -> TypeGuard[InPlaceWeightLoader]:
     """``isinstance(load, InPlaceWeightLoader)``, answered once per loader class: the runtime
     check of a Protocol costs tens of microseconds, every sync."""
     return _lends_storage(type(load))
+
+
+@functools.cache
+def _tells_changes(source_type: type) -> bool:
+    """``isinstance(source, IncrementalWeightSource)``, answered once per source class."""
+    return issubclass(source_type, IncrementalWeightSource)
 
 
 def _verify(sent: Mapping[str, str], held: Mapping[str, str]) -> None:
