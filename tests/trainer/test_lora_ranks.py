@@ -43,14 +43,18 @@ def _lora_iteration(root: Path, extra: list[str]) -> dict[str, float]:
     # the frozen base is untouched; the merged weights moved
     assert _digests(reference) == base_digests
     merged = _digests(trainer.actor)
-    assert merged.keys() == base_digests.keys() and merged != base_digests
+    assert merged.keys() == base_digests.keys()
+    assert merged != base_digests
     # the reference policy is the base model itself, computed by the actor with adapters off
-    results = trainer.maker.generate(trainer.train_data.select(torch.arange(2)), trainer.maker.sampling)
+    results = trainer.maker.generate(trainer.train_data.select([0, 1]), trainer.maker.sampling)
     sequences = pack(results)
     got = trainer.maker.logprobs(reference, sequences)
     with torch.no_grad():
         want = plain_response_logprobs(
-            base, sequences, temperature=trainer.maker.sampling.temperature, device=torch.device("cpu")
+            base,
+            sequences,
+            temperature=trainer.maker.sampling.temperature,
+            device=torch.device("cpu"),
         )
     torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
     actor = trainer.maker.logprobs(trainer.actor, sequences)
@@ -59,12 +63,28 @@ def _lora_iteration(root: Path, extra: list[str]) -> dict[str, float]:
     report = trainer.colocation.sync(version=trainer.step + 1)
     out = {"kl": metrics["kl"], "unchanged": float(report.unchanged), "sent": float(report.tensors)}
     # checkpoints hold the adapters, not the base
-    path = trainer.save_checkpoint()
-    saved = sum(f.stat().st_size for f in (path / "model").rglob("*") if f.is_file())
-    base_bytes = sum(p.numel() * p.element_size() for p in base.parameters())
-    out["checkpoint_share"] = saved / base_bytes
+    saved = _saved_parameter_names(trainer.save_checkpoint() / "model")
+    assert saved, "the checkpoint holds no parameters"
+    assert all(".lora_" in name for name in saved), sorted(saved)[:4]
     _exports_load(trainer.export, root / "out", merged)
     return out
+
+
+def _saved_parameter_names(directory: Path) -> set[str]:
+    """The model parameters a checkpoint holds: from DCP's metadata (fsdp2), or DeepSpeed's
+    module states and ZeRO-3 parameter shapes."""
+    names: set[str] = set()
+    if (directory / ".metadata").is_file():
+        from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+        keys = FileSystemReader(str(directory)).read_metadata().state_dict_metadata
+        names |= {key.removeprefix("model.") for key in keys if key.startswith("model.")}
+    for path in directory.rglob("*model_states.pt"):
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        names |= set(state.get("module") or {})
+        for shapes in state.get("param_shapes") or []:
+            names |= set(shapes)
+    return names
 
 
 def _exports_load(export: object, out: Path, merged: dict[str, str]) -> None:
@@ -98,5 +118,5 @@ class TestLoraTrainerRanks(DistributedSuite):
         results = pool.run(_lora_iteration, root, backend)
         for result in results:
             assert result["kl"] >= 0.0
-            assert result["unchanged"] > 0 and result["sent"] > 0, result
-            assert result["checkpoint_share"] < 0.5, result
+            assert result["unchanged"] > 0, result
+            assert result["sent"] > 0, result

@@ -532,7 +532,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         name="lora_alpha",
         group=FlagGroup.LORA,
-        kind=float,
+        kind=int,
         help="the adapters' scaling is lora_alpha / lora_rank (needs --lora_rank)",
     ),
     Flag(

@@ -18,7 +18,7 @@ from torch.distributed import ProcessGroup
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from lrft.api.optim import OptimizerConfig
-from lrft.api.protocols import RolloutEngine, TrainableModel, TrainBackend
+from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, TrainBackend
 from lrft.api.types import ModelPart, SamplingParams
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync.direct import DirectSync
@@ -261,15 +261,15 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
     model = AutoModelForCausalLM.from_pretrained(config.pretrain, dtype=torch.float32)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()  # type: ignore[no-untyped-call]  # unannotated in transformers
-    if config.lora is not None:
-        model = apply_lora(model, config.lora)
+    # LoRA: the adapters are part of the model the backend wraps
+    trained = model if config.lora is None else apply_lora(model, config.lora)
     actor = backend.prepare_trainable(
-        model,
+        trained,
         optimizer=OptimizerConfig(
             lr=config.actor_learning_rate, weight_decay=config.l2, max_grad_norm=config.max_norm
         ),
     )
-    reference = None
+    reference: FrozenModel | None = None
     if config.init_kl_coef > 0 and config.lora is not None:
         reference = AdaptersDisabled(actor)  # the actor's own base: no second copy of it
     elif config.init_kl_coef > 0:

@@ -32,11 +32,18 @@ pytest.importorskip("peft", reason="peft is not installed: pip install 'lrft[lor
 
 def test_flags_make_the_settings() -> None:
     config = config_from_args(
-        ["train", "--lora_rank=8", "--lora_alpha=32", "--lora_dropout=0.05"]
-        + ["--target_modules", "q_proj", "v_proj,o_proj"]
+        [
+            "train",
+            "--lora_rank=8",
+            "--lora_alpha=32",
+            "--lora_dropout=0.05",
+            "--target_modules",
+            "q_proj",
+            "v_proj,o_proj",
+        ]
     )
     assert config.lora == LoraSettings(
-        rank=8, alpha=32.0, dropout=0.05, target_modules=("q_proj", "v_proj", "o_proj")
+        rank=8, alpha=32, dropout=0.05, target_modules=("q_proj", "v_proj", "o_proj")
     )
     assert config.lora.scaling == 4.0
     assert config_from_args(["train"]).lora is None
@@ -45,11 +52,11 @@ def test_flags_make_the_settings() -> None:
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
-        (["--lora_alpha=8"], r"lora_alpha 8.0 shapes LoRA adapters, but lora_rank is 0"),
+        (["--lora_alpha=8"], r"lora_alpha 8 shapes LoRA adapters, but lora_rank is 0"),
         (["--target_modules", "q_proj"], r"target_modules \('q_proj',\) .* set lora_rank"),
         (["--lora_rank=-1"], r"lora_rank must be an integer >= 0, got -1"),
         (["--lora_rank=4", "--lora_dropout=1"], r"lora_dropout must be in \[0, 1\), got 1.0"),
-        (["--lora_rank=4", "--lora_alpha=0"], r"lora_alpha must be > 0"),
+        (["--lora_rank=4", "--lora_alpha=0"], r"lora_alpha must be"),
     ],
 )
 def test_bad_settings_are_refused(argv: list[str], match: str) -> None:
@@ -84,7 +91,8 @@ def test_all_linear_adapts_every_linear_module_but_the_head() -> None:
         for name, module in model.named_modules()
         if isinstance(module, torch.nn.Linear) and name != "lm_head"
     ]
-    assert found == sorted(linear) and len(found) == 14
+    assert found == sorted(linear)
+    assert len(found) == 14
     suffixes = adapted_modules(model, LoraSettings(rank=4, target_modules=("q_proj", "v_proj")))
     assert suffixes == sorted(n for n in linear if n.endswith(("q_proj", "v_proj")))
 
@@ -112,7 +120,8 @@ def test_a_model_without_linear_layers_is_refused() -> None:
 def test_only_the_adapters_train() -> None:
     model = apply_lora(tiny_causal_lm(0), LoraSettings(rank=4, target_modules=("q_proj",)))
     trainable = sorted(name for name, p in model.named_parameters() if p.requires_grad)
-    assert len(trainable) == 4 and all(".lora_" in name for name in trainable)
+    assert len(trainable) == 4
+    assert all(".lora_" in name for name in trainable)
 
 
 def test_a_bad_target_stops_lrft_train_before_any_process_group(
@@ -123,4 +132,5 @@ def test_a_bad_target_stops_lrft_train_before_any_process_group(
     assert "target_modules name 'nope_proj' matches no module" in capsys.readouterr().err
     assert not dist.is_initialized()
     written = json.dumps(sorted(p.name for p in (tmp_path / "run").iterdir()))
-    assert "metrics" not in written and "hf_model" not in written
+    assert "metrics" not in written
+    assert "hf_model" not in written

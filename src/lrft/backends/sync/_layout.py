@@ -14,7 +14,6 @@ from lrft.api.types import TensorSpec
 from lrft.backends.sync._copy_plan import CopyPlan
 from lrft.backends.sync._digests import CombinedDigest
 
-
 _NOTHING = torch.empty(0)
 
 
@@ -83,7 +82,9 @@ class Layout:
         self.first_lent = 0
         return load.targets(self.order)
 
-    def lend_changed(self, load: InPlaceWeightLoader, changed: frozenset[str]) -> list[torch.Tensor]:
+    def lend_changed(
+        self, load: InPlaceWeightLoader, changed: frozenset[str]
+    ) -> list[torch.Tensor]:
         """The targets of the ``changed`` weights only (lending counts as loading), at their
         places in the digest order; the other places hold an empty tensor."""
         assert self.order is not None

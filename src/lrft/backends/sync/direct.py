@@ -151,7 +151,9 @@ class DirectSync:
             return None
         assert isinstance(source, IncrementalWeightSource)
         in_place = self.verify and "loads_in_place" in engine.capabilities.names()
-        return source.weights_mark(self._held.mark_for(engine, verified=self.verify, in_place=in_place))
+        return source.weights_mark(
+            self._held.mark_for(engine, verified=self.verify, in_place=in_place)
+        )
 
 
 @attrs.define
@@ -411,7 +413,8 @@ class _Stream:
         sent with, which the engine's own must still equal."""
         if self.held is None:
             return
-        assert self.held.sums is not None and self.changed is not None
+        assert self.held.sums is not None
+        assert self.changed is not None
         rows = self.layout.unchanged_rows(self.changed)
         sent[rows] = self.held.sums[rows]
 

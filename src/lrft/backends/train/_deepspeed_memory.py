@@ -166,9 +166,11 @@ class TrainStates:
         """DeepSpeed 0.19.8's ``lp_params`` offload for a model with frozen parameters (see
         the module notes); its ``reload_states`` brings the flat buffer back."""
         from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
+        from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
         from deepspeed.runtime.zero.utils import get_mapping_to_flat_buffer
 
         zero = self._zero
+        assert isinstance(zero, DeepSpeedZeroOptimizer_Stage3)
         host = zero.lp_param_buffer.to(_HOST)
         if self._device.type == "cuda":
             host = host.pin_memory()

@@ -83,9 +83,7 @@ def gathered_buckets(
     Collective."""
     # Sized from the full shape before gathering: the previous bucket is handed out (and
     # released) before anything of the next one is materialised.
-    sizes = [
-        full_numel(params[u.sources[0]]) * params[u.sources[0]].element_size() for u in units
-    ]
+    sizes = [full_numel(params[u.sources[0]]) * params[u.sources[0]].element_size() for u in units]
     for bucket in pack_units(units, sizes, bucket_bytes):
         yield _unit_copies(bucket, params)
 
@@ -149,7 +147,10 @@ class DeepSpeedFrozenModel(OffloadableModel):
         """Fingerprints this rank's partitions (or whole replicas) of the frozen weights'
         parameters (collective when there are any)."""
         frozen = [
-            _local(self._all_params[i]) for unit in self._units if not unit.varying for i in unit.sources
+            _local(self._all_params[i])
+            for unit in self._units
+            if not unit.varying
+            for i in unit.sources
         ]
         return self._marks.update(held, frozen)
 

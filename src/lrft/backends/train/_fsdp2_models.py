@@ -148,10 +148,8 @@ class FSDP2FrozenModel(OffloadableModel):
     def trainable_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter that requires grad, gathered to its full shape, on the host, in the
         module's own names (a peft model's adapter names). Collective."""
-        named = [
-            (name, param)
-            for name, param in self._module.named_parameters()
-            if param.requires_grad
+        named: list[tuple[str, torch.Tensor]] = [
+            (name, param) for name, param in self._module.named_parameters() if param.requires_grad
         ]
         full = gather_full(named, self._device)
         return {name: tensor.to("cpu", copy=True) for name, tensor in full}

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from lrft.backends.train._fsdp2_gather import BucketPlan, Entry, gathered_dtype
+from lrft.backends.train._fsdp2_gather import BucketPlan, Entry
 from lrft.backends.train._weights_layout import Unit, pack_units, unit_tensor
 
 Bucket = list[tuple[str, torch.Tensor]]
@@ -34,9 +34,11 @@ class UnitGather:
 
     def _yielded_dtype(self, unit: Unit, gather_dtype: torch.dtype | None) -> torch.dtype:
         entry = self._entries[unit.sources[0]]
-        if gather_dtype is not None and gather_dtype.is_floating_point and entry.floating:
-            if entry.mesh_ranks > 1 or (unit.merged and dist.get_world_size() > 1):
-                return gather_dtype
+        castable = gather_dtype is not None and gather_dtype.is_floating_point and entry.floating
+        gathered = entry.mesh_ranks > 1 or (unit.merged and dist.get_world_size() > 1)
+        if castable and gathered:
+            assert gather_dtype is not None
+            return gather_dtype
         return entry.param.dtype
 
     def _buckets(

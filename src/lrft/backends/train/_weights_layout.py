@@ -114,17 +114,17 @@ def weights_units(
             continue
         path, _, leaf = name.rpartition(".")
         owner = path.removesuffix(".base_layer")
-        layer = adapted.get(owner) if path.endswith(".base_layer") else None
-        out = _base_name(f"{owner}.{leaf}" if layer is not None else name)
-        if layer is not None and leaf == "weight":
-            a = index[f"{owner}.lora_A.{layer.adapter}.weight"]
-            b = index[f"{owner}.lora_B.{layer.adapter}.weight"]
+        base_of = adapted.get(owner) if path.endswith(".base_layer") else None
+        out = _base_name(f"{owner}.{leaf}" if base_of is not None else name)
+        if base_of is not None and leaf == "weight":
+            a = index[f"{owner}.lora_A.{base_of.adapter}.weight"]
+            b = index[f"{owner}.lora_B.{base_of.adapter}.weight"]
             sources = (i, a, b)
             units.append(
                 Unit(
                     name=out,
                     sources=sources,
-                    scaling=layer.scaling,
+                    scaling=base_of.scaling,
                     varying=any(params[j].requires_grad for j in sources),
                 )
             )

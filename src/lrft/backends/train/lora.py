@@ -58,7 +58,7 @@ class LoraSettings:
     they adapt (module names or name suffixes, as peft matches them, or ``all-linear``)."""
 
     rank: int = attrs.field(validator=_positive)
-    alpha: float = attrs.field(default=16.0, validator=_positive)
+    alpha: int = attrs.field(default=16, validator=_positive)
     dropout: float = attrs.field(default=0.0, validator=_dropout)
     target_modules: tuple[str, ...] = attrs.field(default=(ALL_LINEAR,), validator=_names)
 
@@ -133,7 +133,9 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
     try:
         wrapped: torch.nn.Module = get_peft_model(model, config)
     except (ValueError, TypeError, NotImplementedError) as error:
-        raise ConfigError(f"peft cannot add LoRA adapters to {type(model).__name__}: {error}")
+        raise ConfigError(
+            f"peft cannot add LoRA adapters to {type(model).__name__}: {error}"
+        ) from error
     return wrapped
 
 
@@ -143,13 +145,14 @@ def check_lora_model(config: Any, settings: LoraSettings) -> None:
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]  # transformers leaves from_config unannotated
     apply_lora(model, settings)
 
 
 def peft_model_of(module: torch.nn.Module) -> torch.nn.Module:
-    """The peft model inside a handle's ``module`` (itself, or a DeepSpeed engine's module)."""
-    for candidate in (module, getattr(module, "module", None)):
+    """The peft model inside a handle's ``module`` (a DeepSpeed engine's module, or itself)."""
+    # The engine first: a DeepSpeed engine forwards attribute reads (peft_config) to its module.
+    for candidate in (getattr(module, "module", None), module):
         if isinstance(candidate, torch.nn.Module) and is_peft_model(candidate):
             return candidate
     raise TypeError(f"{type(module).__name__} holds no peft model")

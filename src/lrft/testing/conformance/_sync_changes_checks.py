@@ -60,7 +60,7 @@ def _sync(
 
 
 def _expect_complete(report: SyncReport, total: int, what: str) -> None:
-    assert report.unchanged == 0 and report.tensors == total, (
+    assert (report.unchanged, report.tensors) == (0, total), (
         f"{what}: the sync sent {report.tensors} of {total} weights ({report.unchanged} left in "
         "place), but the engine held no complete copy of what it was sent last: it needs all"
     )
@@ -85,7 +85,7 @@ def check_merged_sync_and_changes_only(suite: Suite, model_dir: Path) -> None:
         assert 0 < len(varying) < total, f"a LoRA source names {len(varying)} varying weights"
         train_steps(source, range(2, 3))
         report = _sync(sync, source, engine, 2)
-        assert report.tensors == len(varying) and report.unchanged == total - len(varying), (
+        assert (report.tensors, report.unchanged) == (len(varying), total - len(varying)), (
             f"a sync into an engine holding the last sync's weights sent {report.tensors} "
             f"weights and left {report.unchanged} in place; only the {len(varying)} varying "
             "ones changed"

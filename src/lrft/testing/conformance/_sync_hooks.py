@@ -59,7 +59,9 @@ class WeightSyncHooks(DistributedSuite, abc.ABC, Generic[S]):
     def make_source_model(cls, *, tied: bool = False) -> torch.nn.Module:
         """The model the source trains (seed 0): the tiny model with ``model_heads``."""
         q, kv = cls.model_heads
-        return tiny_causal_lm(0, num_attention_heads=q, num_key_value_heads=kv, tie_word_embeddings=tied)
+        return tiny_causal_lm(
+            0, num_attention_heads=q, num_key_value_heads=kv, tie_word_embeddings=tied
+        )
 
     @classmethod
     def source_parameters(cls, source: TrainableModel) -> Mapping[str, torch.Tensor]:

@@ -183,12 +183,10 @@ class TrainFields:
     """Train LoRA adapters of this rank on the actor instead of all its weights (0: off; needs
     ``pip install 'lrft[lora]'``). The reference policy is then the actor with its adapters
     disabled, and weight sync sends the merged weights."""
-    lora_alpha: float = attrs.field(default=16.0, validator=f.positive_float)
+    lora_alpha: int = attrs.field(default=16, validator=f.positive)
     """The adapters' scaling is ``lora_alpha / lora_rank``."""
     lora_dropout: float = attrs.field(default=0.0, validator=f.dropout_probability)
-    target_modules: tuple[str, ...] = attrs.field(
-        default=("all-linear",), converter=f.module_names
-    )
+    target_modules: tuple[str, ...] = attrs.field(default=("all-linear",), converter=f.module_names)
     """The modules given adapters: names (or name suffixes) of linear modules, or
     ``all-linear`` (every linear module but the output head)."""
     # bookkeeping -----------------------------------------------------------------------------
