@@ -21,7 +21,7 @@ from lrft.trainer.config import (
     TrainConfig,
     supported_estimators,
 )
-from lrft.trainer.demo import DEMO_CRITIC_SETTINGS, DEMO_SETTINGS
+from lrft.trainer.demo import DEMO_CRITIC_SETTINGS, DEMO_LORA_SETTINGS, DEMO_SETTINGS
 
 
 class FlagGroup(enum.Enum):
@@ -700,7 +700,8 @@ def _text(value: object) -> str:
 
 def shown_default(flag: Flag) -> str:
     """``default: X`` for ``flag`` (its TrainConfig default), followed by ``; demo: Y`` where
-    the built-in demo sets another value (``demo with gae`` for its critic settings). A default
+    the built-in demo sets another value (``demo with gae`` for its critic settings, ``demo with
+    --lora_rank`` for its LoRA ones). A default
     TrainConfig computes from other settings is shown as the flag's ``computed_default``."""
     default = attrs.fields_dict(TrainConfig)[flag.name].default
     if isinstance(default, attrs.Factory):  # type: ignore[arg-type]  # attrs.Factory is a class
@@ -708,7 +709,11 @@ def shown_default(flag: Flag) -> str:
             raise TypeError(f"flag {flag.name}: its default is computed; give computed_default")
         return f"default: {flag.computed_default}"
     text = f"default: {_text(default)}"
-    for label, settings in (("demo", DEMO_SETTINGS), ("demo with gae", DEMO_CRITIC_SETTINGS)):
+    for label, settings in (
+        ("demo", DEMO_SETTINGS),
+        ("demo with gae", DEMO_CRITIC_SETTINGS),
+        ("demo with --lora_rank", DEMO_LORA_SETTINGS),
+    ):
         if flag.name in settings and settings[flag.name] != default:
             text += f"; {label}: {_text(settings[flag.name])}"
     return text

@@ -15,20 +15,19 @@ from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from lrft.api.errors import LrftError
-from lrft.api.types import Location, ModelPart, StepReport, WeightsMark, WeightsUpdate
+from lrft.api.types import Location, ModelPart, StepReport
 from lrft.backends.train import _fsdp2_checkpoint as checkpoint
 from lrft.backends.train._fsdp2_gather import (
     BucketInFlight,
     BucketPlan,
     Entry,
     entry_of,
-    gather_full,
     gathered_dtype,
 )
-from lrft.backends.train._fsdp2_units import UnitGather
+from lrft.backends.train._fsdp2_units import UnitGather, UnitWeights
 from lrft.backends.train._names import hf_name
 from lrft.backends.train._placement import OffloadableModel, TrainableParts, optimizer_moments
-from lrft.backends.train._weights_layout import Unit, WeightMarks, weights_units
+from lrft.backends.train._weights_layout import WeightMarks, weights_units
 
 NAME = "fsdp2"
 
@@ -37,7 +36,7 @@ _NBYTES = operator.attrgetter("nbytes")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
-class FSDP2FrozenModel(OffloadableModel):
+class FSDP2FrozenModel(UnitWeights, OffloadableModel):
     """A model sharded with FSDP2 for inference. ``offload`` moves its parameters only."""
 
     _backend = NAME
@@ -113,73 +112,6 @@ class FSDP2FrozenModel(OffloadableModel):
         if self._merges:
             return self._unit_buckets("full", self._units, bucket_bytes, gather_dtype)
         return self._buckets(bucket_bytes, gather_dtype)
-
-    # --- IncrementalWeightSource, and the LoRA model's other weights --------------------------
-
-    def weights_mark(self, held: WeightsMark | None) -> WeightsUpdate:
-        """Fingerprints this rank's shards of the frozen weights' parameters (collective when
-        there are any)."""
-        frozen = [
-            self._local(self._sharded[i])
-            for unit in self._units
-            if not unit.varying
-            for i in unit.sources
-        ]
-        return self._marks.update(held, frozen)
-
-    def varying_weights(
-        self, bucket_bytes: int, *, gather_dtype: torch.dtype | None = None
-    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        if bucket_bytes <= 0:
-            raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-        units = [unit for unit in self._units if unit.varying]
-        return self._unit_buckets("varying", units, bucket_bytes, gather_dtype)
-
-    def base_weights(
-        self, bucket_bytes: int, *, gather_dtype: torch.dtype | None = None
-    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """``full_weights`` with every LoRA adapter left out (the base model's weights)."""
-        if bucket_bytes <= 0:
-            raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-        units = [Unit(name=unit.name, sources=unit.sources[:1]) for unit in self._units]
-        return self._unit_buckets("base", units, bucket_bytes, gather_dtype)
-
-    @torch.no_grad()
-    def trainable_parameters(self) -> dict[str, torch.Tensor]:
-        """Every parameter that requires grad, gathered to its full shape, on the host, in the
-        module's own names (a peft model's adapter names). Collective."""
-        named: list[tuple[str, torch.Tensor]] = [
-            (name, param) for name, param in self._module.named_parameters() if param.requires_grad
-        ]
-        full = gather_full(named, self._device)
-        return {name: tensor.to("cpu", copy=True) for name, tensor in full}
-
-    def _unit_buckets(
-        self,
-        selection: str,
-        units: list[Unit],
-        bucket_bytes: int,
-        gather_dtype: torch.dtype | None,
-    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        if self._gathering:
-            raise LrftError(
-                "full_weights: another pass over this model's weights is still open; with "
-                "several ranks its gather buffers are shared, so drain or close it first"
-            )
-        yield from self._unit_gather.buckets(
-            selection, units, bucket_bytes, gather_dtype, self._pass
-        )
-
-    def _pass(self, plans: list[BucketPlan]) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        self._gathering = True
-        try:
-            yield from self._gathered(plans)
-        finally:
-            self._gathering = False
-
-    @staticmethod
-    def _local(param: torch.Tensor) -> torch.Tensor:
-        return param._local_tensor if isinstance(param, DTensor) else param
 
     def _buckets(
         self, bucket_bytes: int, gather_dtype: torch.dtype | None

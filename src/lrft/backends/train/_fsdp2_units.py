@@ -1,5 +1,6 @@
 """An FSDP2 model's weights gathered unit by unit (``_weights_layout.Unit``): the path of a LoRA
-model's merged weights, of the varying weights alone, and of a LoRA model's base weights.
+model's merged weights, of the varying weights alone (``IncrementalWeightSource``), and of a
+LoRA model's base weights.
 
 A bucket holds whole units: an adapted module's base weight travels with its ``lora_A`` and
 ``lora_B`` and is merged once gathered. Those three are gathered in their own dtype (the merge is
@@ -15,8 +16,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from lrft.backends.train._fsdp2_gather import BucketPlan, Entry
-from lrft.backends.train._weights_layout import Unit, pack_units, unit_tensor
+from lrft.api.errors import LrftError
+from lrft.api.types import WeightsMark, WeightsUpdate
+from lrft.backends.train._fsdp2_gather import BucketPlan, Entry, gather_full
+from lrft.backends.train._weights_layout import Unit, WeightMarks, pack_units, unit_tensor
 
 Bucket = list[tuple[str, torch.Tensor]]
 Gathered = Callable[[list[BucketPlan]], Iterator[Bucket]]
@@ -104,3 +107,85 @@ class UnitGather:
             local = param._local_tensor if isinstance(param, DTensor) else param
             full.append(local.detach().to(self._device))
         return unit_tensor(unit, full)
+
+
+class UnitWeights:
+    """What an FSDP2 handle gives unit by unit: ``IncrementalWeightSource`` (the varying weights
+    and the mark), a LoRA model's base weights and its trainable parameters. Mixed into
+    ``FSDP2FrozenModel``, which sets these attributes and runs the pipelined pass."""
+
+    _units: list[Unit]
+    _sharded: list[torch.Tensor]
+    _marks: WeightMarks
+    _unit_gather: UnitGather
+    _gathering: bool
+    _module: torch.nn.Module
+    _device: torch.device
+
+    def _gathered(self, plans: list[BucketPlan]) -> Iterator[Bucket]:
+        raise NotImplementedError
+
+    def weights_mark(self, held: WeightsMark | None) -> WeightsUpdate:
+        """Fingerprints this rank's shards of the frozen weights' parameters (collective when
+        there are any)."""
+        frozen = [
+            self._local(self._sharded[i])
+            for unit in self._units
+            if not unit.varying
+            for i in unit.sources
+        ]
+        return self._marks.update(held, frozen)
+
+    def varying_weights(
+        self, bucket_bytes: int, *, gather_dtype: torch.dtype | None = None
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+        units = [unit for unit in self._units if unit.varying]
+        return self._unit_buckets("varying", units, bucket_bytes, gather_dtype)
+
+    def base_weights(
+        self, bucket_bytes: int, *, gather_dtype: torch.dtype | None = None
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """``full_weights`` with every LoRA adapter left out (the base model's weights)."""
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+        units = [Unit(name=unit.name, sources=unit.sources[:1]) for unit in self._units]
+        return self._unit_buckets("base", units, bucket_bytes, gather_dtype)
+
+    @torch.no_grad()
+    def trainable_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter that requires grad, gathered to its full shape, on the host, in the
+        module's own names (a peft model's adapter names). Collective."""
+        named: list[tuple[str, torch.Tensor]] = [
+            (name, param) for name, param in self._module.named_parameters() if param.requires_grad
+        ]
+        full = gather_full(named, self._device)
+        return {name: tensor.to("cpu", copy=True) for name, tensor in full}
+
+    def _unit_buckets(
+        self,
+        selection: str,
+        units: list[Unit],
+        bucket_bytes: int,
+        gather_dtype: torch.dtype | None,
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        if self._gathering:
+            raise LrftError(
+                "full_weights: another pass over this model's weights is still open; with "
+                "several ranks its gather buffers are shared, so drain or close it first"
+            )
+        yield from self._unit_gather.buckets(
+            selection, units, bucket_bytes, gather_dtype, self._pass
+        )
+
+    def _pass(self, plans: list[BucketPlan]) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        self._gathering = True
+        try:
+            yield from self._gathered(plans)
+        finally:
+            self._gathering = False
+
+    @staticmethod
+    def _local(param: torch.Tensor) -> torch.Tensor:
+        return param._local_tensor if isinstance(param, DTensor) else param

@@ -35,6 +35,10 @@ from pathlib import Path
 import pytest
 
 from lrft.testing.conformance._train_hooks import B, TrainBackendHooks
+from lrft.testing.conformance._train_lora_ranks import (
+    lora_trains_adapters_only,
+    varying_weights_are_what_training_changes,
+)
 from lrft.testing.conformance._train_ranks import (
     accumulation_matches_one_batch,
     frozen_matches_plain_model,
@@ -50,10 +54,6 @@ from lrft.testing.conformance._train_ranks import (
     training_matches_reference,
     undeclared_offload_raises,
 )
-from lrft.testing.conformance._train_lora_ranks import (
-    lora_trains_adapters_only,
-    varying_weights_are_what_training_changes,
-)
 from lrft.testing.conformance._train_schedule_ranks import (
     resume_at_another_world_size,
     save_for_resharding,
@@ -67,8 +67,8 @@ __all__ = [
     "accumulation_matches_one_batch",
     "frozen_matches_plain_model",
     "frozen_offload_reload",
-    "lora_trains_adapters_only",
     "full_weights_complete_exact_bucketed",
+    "lora_trains_adapters_only",
     "non_finite_gradient_skips_step",
     "offload_everything_mid_accumulation",
     "offload_reload_gradients",
