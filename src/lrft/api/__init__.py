@@ -32,6 +32,7 @@ from lrft.api.errors import (
 from lrft.api.optim import OptimizerConfig, SchedulerConfig
 from lrft.api.protocols import (
     FrozenModel,
+    IncrementalWeightSource,
     InPlaceWeightLoader,
     NamedTensors,
     RolloutEngine,
@@ -55,7 +56,9 @@ from lrft.api.types import (
     StepReport,
     SyncReport,
     TensorSpec,
+    WeightsMark,
     WeightsResidency,
+    WeightsUpdate,
 )
 
 __all__ = [
@@ -78,6 +81,7 @@ __all__ = [
     "GenerationRequest",
     "GenerationResult",
     "InPlaceWeightLoader",
+    "IncrementalWeightSource",
     "Location",
     "LrftError",
     "ModelPart",
@@ -105,7 +109,9 @@ __all__ = [
     "WeightSource",
     "WeightSync",
     "WeightSyncError",
+    "WeightsMark",
     "WeightsResidency",
+    "WeightsUpdate",
     "combine_digests",
     "require",
     "tensor_digest",

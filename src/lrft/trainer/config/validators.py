@@ -240,3 +240,25 @@ def weights(value: str | list[float] | tuple[float, ...] | None) -> tuple[float,
     if not weights or not all(math.isfinite(w) for w in weights):
         raise ConfigError(f"reward_weights {value!r} must be one or more finite numbers")
     return weights
+
+
+# --- LoRA --------------------------------------------------------------------------------------
+
+
+def non_negative_int(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{attribute.name} must be an integer >= 0, got {value!r}")
+
+
+def dropout_probability(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not _is_number(value) or not 0.0 <= value < 1.0:
+        raise ConfigError(f"{attribute.name} must be in [0, 1), got {value!r}")
+
+
+def module_names(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``target_modules``: names given as a list, space-separated values or commas."""
+    items = [value] if isinstance(value, str) else list(value)
+    names = tuple(part.strip() for item in items for part in str(item).split(",") if part.strip())
+    if not names:
+        raise ConfigError(f"target_modules must name at least one module, got {value!r}")
+    return names
