@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lrft.api.errors import ConfigError, LrftError
-from lrft.api.redaction import redact
 from lrft.bench import flops
 from lrft.bench.assets import model_folder, prompt_file
 from lrft.bench.ceilings import synchronize
@@ -24,6 +23,7 @@ from lrft.bench.ragged import ForcedLengths, full_batch_tokens_per_s
 from lrft.bench.rewards import TEXT_LENGTH
 from lrft.bench.workloads import GrpoSpec, Workload
 from lrft.dist import RankInfo
+from lrft.redaction import redact
 from lrft.trainer.config import TrainConfig
 
 if TYPE_CHECKING:

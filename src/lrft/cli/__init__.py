@@ -21,10 +21,10 @@ from typing import Any
 import attrs
 
 from lrft.api.errors import CollectiveTimeout, ConfigError, LrftError
-from lrft.api.redaction import redact
 from lrft.cli.bench import add_bench_parser, bench_main
 from lrft.cli.flags import FLAGS, Flag, FlagGroup, shown_default
 from lrft.cli.train_rm import add_train_rm_parser, train_rm_main
+from lrft.redaction import redact
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.progress import library_bars_allowed, silence_library_bars
 

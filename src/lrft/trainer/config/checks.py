@@ -17,7 +17,7 @@ import torch
 
 from lrft.algo import PolicyLossConfig, PolicyLossInputs, advantage_estimators, policy_losses
 from lrft.api.errors import ConfigError
-from lrft.api.redaction import redact
+from lrft.redaction import redact
 from lrft.rewards.retry import retry_backoff_s
 from lrft.trainer.config.choices import ENGINE_MAX_TP
 from lrft.trainer.config.fields import TrainFields

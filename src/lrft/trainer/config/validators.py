@@ -16,8 +16,8 @@ import attrs
 
 from lrft.algo import AGGREGATION_MODES, advantage_estimators, kl_estimators, policy_losses
 from lrft.api.errors import ConfigError
-from lrft.api.redaction import redact
 from lrft.api.validators import optional, positive_int
+from lrft.redaction import redact
 from lrft.trainer.config.choices import ENGINE_MAX_TP, HF_DECODE_PATHS, PRESET_NAMES
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
