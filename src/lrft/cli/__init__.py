@@ -22,6 +22,7 @@ import attrs
 
 from lrft.api.errors import CollectiveTimeout, ConfigError, LrftError
 from lrft.cli.bench import add_bench_parser, bench_main
+from lrft.cli.config_file import read_keys
 from lrft.cli.flags import FLAGS, Flag, FlagGroup, shown_default
 from lrft.cli.train_rm import add_train_rm_parser, train_rm_main
 from lrft.redaction import redact
@@ -82,22 +83,7 @@ def _add(section: argparse._ArgumentGroup, flag: Flag) -> None:
 
 def read_config_file(path: Path) -> dict[str, Any]:
     """A mapping of TrainConfig keys from a JSON (``.json``) or YAML file."""
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        values = json.loads(text)
-    else:
-        import yaml  # type: ignore[import-untyped, unused-ignore]  # PyYAML is optional and untyped
-
-        values = yaml.safe_load(text)
-    if not isinstance(values, dict):
-        raise ConfigError(
-            f"config file {path} must hold a mapping of keys, got {type(values).__name__}"
-        )
-    known = {f.name for f in FLAGS}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ConfigError(f"config file {path} has unknown keys {unknown}")
-    return values
+    return read_keys(path, {flag.name for flag in FLAGS})
 
 
 def config_from_args(argv: Sequence[str]) -> TrainConfig:

@@ -10,7 +10,6 @@ group starts.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ from typing import Any
 import attrs
 
 from lrft.api.errors import ConfigError, LrftError
+from lrft.cli.config_file import read_keys
 from lrft.rewards.judge_template import JUDGE_TEMPLATES
 from lrft.rm.config import LR_SCHEDULES, RMTrainConfig
 
@@ -204,24 +204,6 @@ def add_train_rm_parser(commands: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def _read_config_file(path: Path) -> dict[str, Any]:
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        values = json.loads(text)
-    else:
-        import yaml  # type: ignore[import-untyped, unused-ignore]  # PyYAML is optional and untyped
-
-        values = yaml.safe_load(text)
-    if not isinstance(values, dict):
-        raise ConfigError(
-            f"config file {path} must hold a mapping of keys, got {type(values).__name__}"
-        )
-    unknown = sorted(set(values) - {flag.name for flag in RM_FLAGS})
-    if unknown:
-        raise ConfigError(f"config file {path} has unknown keys {unknown}")
-    return values
-
-
 def config_from_args(argv: Sequence[str]) -> RMTrainConfig:
     """``lrft train-rm ...`` arguments (``argv`` starts with ``train-rm``) as a validated config."""
     parser = argparse.ArgumentParser(prog="lrft")
@@ -229,7 +211,9 @@ def config_from_args(argv: Sequence[str]) -> RMTrainConfig:
     args = vars(parser.parse_args(list(argv)))
     args.pop("command")
     config_file = args.pop("config")
-    values = _read_config_file(config_file) if config_file is not None else {}
+    values = (
+        read_keys(config_file, {flag.name for flag in RM_FLAGS}) if config_file is not None else {}
+    )
     values.update(args)
     if values.get("pretrain") is None:
         from lrft.rm.demo import DEMO_RM_SETTINGS
