@@ -25,7 +25,7 @@ from lrft.testing.conformance.rollout import (
     shutdown_cached_engines,
 )
 from lrft.testing.distributed import RankFailure, shared_pool
-from tests.conformance.test_engine_suite_teeth import BrokenEngineSuite
+from tests.conformance.test_engine_suite_teeth import BrokenEngineSuite, assert_check_fails
 
 CPU = torch.device("cpu")
 
@@ -156,12 +156,6 @@ def engine_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineMo
     shutdown_cached_engines()
 
 
-def _suite(engine_class: type[HFRolloutEngine]) -> type[BrokenEngineSuite]:
-    return type(
-        f"{engine_class.__name__}Suite", (BrokenEngineSuite,), {"engine_class": engine_class}
-    )
-
-
 @pytest.mark.parametrize(
     ("engine_class", "check", "message"),
     CASES,
@@ -173,8 +167,7 @@ def test_check_fails_broken_engine(
     message: str,
     engine_models: EngineModels,
 ) -> None:
-    with pytest.raises(AssertionError, match=message):
-        check(_suite(engine_class), engine_models, CPU)
+    assert_check_fails(engine_class, check, message, engine_models)
 
 
 def test_an_engine_broken_by_one_test_does_not_fail_the_next(engine_models: EngineModels) -> None:

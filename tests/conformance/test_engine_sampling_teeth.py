@@ -21,7 +21,11 @@ from lrft.testing.conformance.rollout import (
     shutdown_cached_engines,
 )
 from lrft.testing.reference import token_logprobs
-from tests.conformance.test_engine_suite_teeth import BrokenEngineSuite
+from tests.conformance.test_engine_suite_teeth import (
+    BrokenEngineSuite,
+    assert_check_fails,
+    suite_of,
+)
 
 CPU = torch.device("cpu")
 
@@ -190,12 +194,6 @@ def engine_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineMo
     shutdown_cached_engines()
 
 
-def _suite(engine_class: type[HFRolloutEngine]) -> type[BrokenEngineSuite]:
-    return type(
-        f"{engine_class.__name__}Suite", (BrokenEngineSuite,), {"engine_class": engine_class}
-    )
-
-
 @pytest.mark.parametrize(
     ("engine_class", "check", "message"),
     CASES,
@@ -207,15 +205,14 @@ def test_check_fails_broken_engine(
     message: str,
     engine_models: EngineModels,
 ) -> None:
-    with pytest.raises(AssertionError, match=message):
-        check(_suite(engine_class), engine_models, CPU)
+    assert_check_fails(engine_class, check, message, engine_models)
 
 
 def test_right_logprobs_of_the_wrong_distribution_pass_the_logprob_check(
     engine_models: EngineModels,
 ) -> None:
     """Why the distribution check exists: the logprob check sees nothing wrong here."""
-    checks.check_sampled_logprobs(_suite(SamplesAtTemperatureOne), engine_models, CPU)
+    checks.check_sampled_logprobs(suite_of(SamplesAtTemperatureOne), engine_models, CPU)
 
 
 def test_tp_size_above_max_tp_fails_the_surface_check(engine_models: EngineModels) -> None:

@@ -161,10 +161,18 @@ class BrokenEngineSuite(RolloutEngineSuite[HFRolloutEngine]):
         return dict(engine.model.named_parameters())
 
 
-def _suite(engine_class: type[HFRolloutEngine]) -> type[BrokenEngineSuite]:
+def suite_of(engine_class: type[HFRolloutEngine]) -> type[BrokenEngineSuite]:
     return type(
         f"{engine_class.__name__}Suite", (BrokenEngineSuite,), {"engine_class": engine_class}
     )
+
+
+def assert_check_fails(
+    engine_class: type[HFRolloutEngine], check: SuiteCheck, message: str, models: EngineModels
+) -> None:
+    """``check`` of the suite around ``engine_class`` fails with an error matching ``message``."""
+    with pytest.raises(AssertionError, match=message):
+        check(suite_of(engine_class), models, CPU)
 
 
 class DropsLastTensorSuite(BrokenEngineSuite):
@@ -215,8 +223,7 @@ def test_suite_check_fails_broken_engine(
     message: str,
     engine_models: EngineModels,
 ) -> None:
-    with pytest.raises(AssertionError, match=message):
-        check(_suite(engine_class), engine_models, CPU)
+    assert_check_fails(engine_class, check, message, engine_models)
 
 
 def test_failure_in_a_rank_names_the_rank_and_the_tensor(engine_models: EngineModels) -> None:
