@@ -22,7 +22,7 @@ echo "== mypy --strict (src, tests)"
 mypy
 echo "== pytest"
 set +e
-python -m pytest -q --timeout=900 -p no:cacheprovider tests
+python -m pytest -q --timeout=900 --durations=25 -p no:cacheprovider tests
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then
