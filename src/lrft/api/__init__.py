@@ -30,6 +30,7 @@ from lrft.api.errors import (
     WeightSyncError,
 )
 from lrft.api.optim import OptimizerConfig, SchedulerConfig
+from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec
 from lrft.api.protocols import (
     FrozenModel,
     InPlaceWeightLoader,
@@ -66,6 +67,7 @@ __all__ = [
     "EngineAsleepError",
     "EngineCapabilities",
     "EnginePart",
+    "EngineSpec",
     "EngineState",
     "Environment",
     "EpisodeBudget",
@@ -98,6 +100,7 @@ __all__ = [
     "ToolResult",
     "ToolStatus",
     "TrainBackend",
+    "TrainBackendSpec",
     "TrainCapabilities",
     "TrainableModel",
     "WeightLoadError",
@@ -105,6 +108,7 @@ __all__ = [
     "WeightSource",
     "WeightSync",
     "WeightSyncError",
+    "WeightSyncSpec",
     "WeightsResidency",
     "combine_digests",
     "require",
