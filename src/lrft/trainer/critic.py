@@ -48,10 +48,15 @@ def init_value_head(head: torch.nn.Linear, seed: int) -> None:
 
 
 def load_critic(
-    path: str | Path, *, seed: int, dtype: torch.dtype = torch.float32
+    path: str | Path,
+    *,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str | None = None,
 ) -> PreTrainedModel:
     """The critic for ``path``: a causal LM folder (new value head) or a saved critic.
 
+    ``attn_implementation``: transformers' attention kernel (``None``: its default).
     Raises ``ConfigError`` when the folder's architecture has no token-classification form in
     transformers, or when backbone weights are missing from it.
     """
@@ -64,7 +69,11 @@ def load_critic(
     info: dict[str, Any]
     try:
         model, info = AutoModelForTokenClassification.from_pretrained(
-            path, config=config, dtype=dtype, output_loading_info=True
+            path,
+            config=config,
+            dtype=dtype,
+            output_loading_info=True,
+            attn_implementation=attn_implementation,
         )
     except ValueError as error:
         raise ConfigError(

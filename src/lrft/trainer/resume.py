@@ -25,6 +25,8 @@ from lrft.api.errors import ConfigError
 if TYPE_CHECKING:
     from attrs import AttrsInstance
 
+    from lrft.trainer.config import TrainConfig
+
 RESUMABLE_SETTINGS = frozenset(
     {
         # where the run reads and writes (the prompts' content is checked by the manifest's
@@ -149,3 +151,32 @@ def check_resume_settings(
             f"logging settings, and the memory and speed settings ({docs})"
         )
     return allowed
+
+
+def checkpoint_to_resume(config: TrainConfig) -> Path | None:
+    """The checkpoint a ``load_checkpoint`` run resumes from: the one ``ckpt_path`` names (it must
+    be complete), else the newest complete one in ``checkpoint_dir``; ``None`` when the run starts
+    from step 0, which only a run whose checkpoint folder was not given may do (a first run of a
+    job resumed with the same command). Raises ``ConfigError`` for a named checkpoint that is not
+    a complete one, and for a given ``ckpt_path`` holding none."""
+    from lrft.trainer import checkpoint as ckpt
+
+    if config.resume_from is not None:
+        named = Path(config.resume_from)
+        if not (named / ckpt.MANIFEST).is_file():
+            raise ConfigError(
+                f"ckpt_path {config.ckpt_path!r} names a checkpoint that is not a complete lrft "
+                f"checkpoint (no {ckpt.MANIFEST}); the complete ones in {config.checkpoint_dir} "
+                f"are at steps {ckpt.checkpoint_steps(Path(config.checkpoint_dir)) or 'none'}"
+            )
+        return named
+    latest = ckpt.latest_checkpoint(Path(config.checkpoint_dir))
+    if latest is None and config.ckpt_path is not None:
+        raise ConfigError(
+            f"ckpt_path {config.ckpt_path!r} holds no complete lrft checkpoint "
+            f"(global_step<k>/{ckpt.MANIFEST}) to resume from: give a checkpoint folder or the "
+            "folder holding them (a LightRFT checkpoint, _actor/, cannot be resumed by lrft). "
+            "Without --ckpt_path, --load_checkpoint starts from step 0 when no checkpoint exists "
+            "yet"
+        )
+    return latest
