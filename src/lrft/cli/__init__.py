@@ -1,5 +1,5 @@
 """``lrft train``: the command line (LightRFT's flag names) and its torchrun entry point; the
-other commands (``lrft train-rm``, ``lrft bench``) have modules of their own.
+other commands (``lrft eval``, ``lrft train-rm``, ``lrft bench``) have modules of their own.
 
 Every flag maps to one :class:`~lrft.trainer.TrainConfig` field of the same name; ``--config``
 reads a JSON or YAML file of the same keys (the command line wins). The config is built and
@@ -24,6 +24,7 @@ import attrs
 from lrft.api.errors import CollectiveTimeout, ConfigError, LrftError
 from lrft.api.redaction import redact
 from lrft.cli.bench import add_bench_parser, bench_main
+from lrft.cli.eval import add_eval_parser, eval_main
 from lrft.cli.flags import FLAGS, Flag, FlagGroup, shown_default
 from lrft.cli.lightrft import translate
 from lrft.cli.train_rm import add_train_rm_parser, train_rm_main
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add(sections[flag.group], flag)
     add_bench_parser(commands)  # listed in `lrft --help`; `lrft bench` is parsed by bench_main
     add_train_rm_parser(commands)  # likewise: `lrft train-rm` is parsed by train_rm_main
+    add_eval_parser(commands)
     return parser
 
 
@@ -209,6 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench_main(argv)
     if argv[:1] == ["train-rm"]:
         return train_rm_main(argv)
+    if argv[:1] == ["eval"]:
+        return eval_main(argv)
     rank = os.environ.get("RANK", "0")
     try:
         config = config_from_args(argv)
