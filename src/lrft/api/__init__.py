@@ -33,6 +33,7 @@ from lrft.api.optim import OptimizerConfig, SchedulerConfig
 from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec
 from lrft.api.protocols import (
     FrozenModel,
+    IncrementalWeightSource,
     InPlaceWeightLoader,
     NamedTensors,
     RolloutEngine,
@@ -56,7 +57,9 @@ from lrft.api.types import (
     StepReport,
     SyncReport,
     TensorSpec,
+    WeightsMark,
     WeightsResidency,
+    WeightsUpdate,
 )
 
 __all__ = [
@@ -80,6 +83,7 @@ __all__ = [
     "GenerationRequest",
     "GenerationResult",
     "InPlaceWeightLoader",
+    "IncrementalWeightSource",
     "Location",
     "LrftError",
     "ModelPart",
@@ -109,7 +113,9 @@ __all__ = [
     "WeightSync",
     "WeightSyncError",
     "WeightSyncSpec",
+    "WeightsMark",
     "WeightsResidency",
+    "WeightsUpdate",
     "combine_digests",
     "require",
     "tensor_digest",

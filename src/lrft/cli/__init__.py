@@ -22,14 +22,14 @@ from typing import Any
 import attrs
 
 from lrft.api.errors import CollectiveTimeout, ConfigError, LrftError
-from lrft.api.redaction import redact
 from lrft.cli.bench import add_bench_parser, bench_main
 from lrft.cli.eval import add_eval_parser, eval_main
 from lrft.cli.flags import FLAGS, Flag, FlagGroup, shown_default
 from lrft.cli.lightrft import translate
 from lrft.cli.train_rm import add_train_rm_parser, train_rm_main
+from lrft.redaction import redact
 from lrft.trainer.config import TrainConfig
-from lrft.trainer.config.validators import module_names
+from lrft.trainer.config.validators import plugin_modules
 from lrft.trainer.plugins import import_plugins
 from lrft.trainer.progress import library_bars_allowed, silence_library_bars
 
@@ -148,7 +148,7 @@ def _plugins_named(argv: Sequence[str]) -> tuple[str, ...]:
             if flag == "config":
                 value = read_config_file(Path(value)).get("plugins")
             if value is not None:
-                names.extend(module_names(value))
+                names.extend(plugin_modules(value))
     return tuple(names)
 
 

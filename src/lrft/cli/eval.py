@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from lrft.api.errors import ConfigError, LrftError
-from lrft.api.redaction import redact
 from lrft.cli.flags import FLAGS, Flag
+from lrft.redaction import redact
 
 DESCRIPTION = (
     "Evaluate a Hugging Face folder or an lrft checkpoint on a prompt set with any reward: "

@@ -24,7 +24,7 @@ from lrft.trainer.config import (
     supported_estimators,
 )
 from lrft.trainer.config.validators import ATTENTION_KERNELS, LR_SCHEDULERS
-from lrft.trainer.demo import DEMO_CRITIC_SETTINGS, DEMO_SETTINGS
+from lrft.trainer.demo import DEMO_CRITIC_SETTINGS, DEMO_LORA_SETTINGS, DEMO_SETTINGS
 
 
 class FlagGroup(enum.Enum):
@@ -37,6 +37,7 @@ class FlagGroup(enum.Enum):
     ALGORITHM = "algorithm (advantages, KL, policy loss)"
     CRITIC = "critic (PPO, with --advantage_estimator gae)"
     TRAINING = "training"
+    LORA = "LoRA (adapters on the actor; pip install 'lrft[lora]')"
     BACKEND = "train backend (FSDP2, DeepSpeed) and collectives"
     OUTPUT = "outputs, checkpoints, evaluation and logging"
 
@@ -52,8 +53,8 @@ class Flag:
     """The values the flag accepts; a function is called when the parser is built, after
     ``--plugins`` were imported, so that what they register can be chosen."""
     metavar: str | tuple[str, ...] | None = None
-    nargs: int | None = None
-    """How many values the flag takes (``None``: one)."""
+    nargs: int | str | None = None
+    """How many values the flag takes (``None``: one; ``"+"``: one or more)."""
     computed_default: str | None = None
     """How ``--help`` states a default that TrainConfig computes from other settings."""
 
@@ -585,6 +586,37 @@ FLAGS: tuple[Flag, ...] = (
         kind=bool,
         help="keep optimizer state on the host outside the policy phase",
     ),
+    # LoRA ----------------------------------------------------------------------------------------
+    Flag(
+        name="lora_rank",
+        group=FlagGroup.LORA,
+        kind=int,
+        help="train LoRA adapters of this rank on the actor instead of all its weights (0: off); "
+        "the KL reference is the actor with its adapters disabled, and the engine gets the merged "
+        "weights",
+    ),
+    Flag(
+        name="lora_alpha",
+        group=FlagGroup.LORA,
+        kind=int,
+        help="the adapters' scaling is lora_alpha / lora_rank (needs --lora_rank)",
+    ),
+    Flag(
+        name="lora_dropout",
+        group=FlagGroup.LORA,
+        kind=float,
+        help="dropout on the adapters' input while training (needs --lora_rank)",
+    ),
+    Flag(
+        name="target_modules",
+        group=FlagGroup.LORA,
+        kind=str,
+        nargs="+",
+        metavar="NAME",
+        help="the linear modules given adapters: names or name suffixes (q_proj v_proj, or "
+        "q_proj,v_proj), or all-linear for every linear module but the output head; a name that "
+        "matches no module is an error (needs --lora_rank)",
+    ),
     Flag(
         name="seed",
         group=FlagGroup.TRAINING,
@@ -852,7 +884,8 @@ def _text(value: object) -> str:
 
 def shown_default(flag: Flag) -> str:
     """``default: X`` for ``flag`` (its TrainConfig default), followed by ``; demo: Y`` where
-    the built-in demo sets another value (``demo with gae`` for its critic settings). A default
+    the built-in demo sets another value (``demo with gae`` for its critic settings, ``demo with
+    --lora_rank`` for its LoRA ones). A default
     TrainConfig computes from other settings is shown as the flag's ``computed_default``."""
     default = attrs.fields_dict(TrainConfig)[flag.name].default
     if isinstance(default, attrs.Factory):  # type: ignore[arg-type]  # attrs.Factory is a class
@@ -860,7 +893,11 @@ def shown_default(flag: Flag) -> str:
             raise TypeError(f"flag {flag.name}: its default is computed; give computed_default")
         return f"default: {flag.computed_default}"
     text = f"default: {_text(default)}"
-    for label, settings in (("demo", DEMO_SETTINGS), ("demo with gae", DEMO_CRITIC_SETTINGS)):
+    for label, settings in (
+        ("demo", DEMO_SETTINGS),
+        ("demo with gae", DEMO_CRITIC_SETTINGS),
+        ("demo with --lora_rank", DEMO_LORA_SETTINGS),
+    ):
         if flag.name in settings and settings[flag.name] != default:
             text += f"; {label}: {_text(settings[flag.name])}"
     return text

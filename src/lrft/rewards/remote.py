@@ -17,7 +17,7 @@ request again would get the same answer. One failed POST fails the batch (the PO
 are not sent).
 
 Credentials never reach a log or an error: URLs are shown through
-:func:`lrft.api.redaction.redact` (userinfo and token-like query parameters hidden), and the
+:func:`lrft.redaction.redact` (userinfo and token-like query parameters hidden), and the
 values of credential headers (``Authorization``, ``X-Api-Key``...) are hidden from any text the
 service or httpx sends back.
 """
@@ -36,8 +36,8 @@ from typing import Any
 import attrs
 import httpx
 
-from lrft.api.redaction import REDACTED, is_secret_name, redact
 from lrft.api.validators import finite, non_negative, one_of, optional, positive
+from lrft.redaction import REDACTED, is_secret_name, redact
 from lrft.rewards._checks import name_validator
 from lrft.rewards.base import RewardError, RewardOutput, RewardSample
 from lrft.rewards.remote_protocols import PROTOCOLS, RETRIES_METRIC, Malformed

@@ -10,8 +10,6 @@ both load.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from transformers import (
     AutoConfig,
@@ -23,7 +21,7 @@ from transformers import (
 )
 
 from lrft.api.errors import ConfigError
-from lrft.trainer.critic import init_value_head
+from lrft.trainer.scalar_head import load_with_scalar_head
 
 SCORE_HEAD = "score"
 """The score head's module name in transformers' decoder sequence-classification models."""
@@ -67,32 +65,17 @@ def load_scalar_rm(
     has no one-output linear ``score`` head, or when backbone weights are missing.
     """
     config = scalar_rm_config(path, tokenizer)
-    info: dict[str, Any]
-    try:
-        model, info = AutoModelForSequenceClassification.from_pretrained(
-            path, config=config, dtype=torch.float32, output_loading_info=True
-        )
-    except ValueError as error:
-        raise ConfigError(
-            f"pretrain {path!r}: a {config.model_type!r} model has no sequence-classification "
-            f"form in transformers to carry the score head ({error})"
-        ) from error
-    head = getattr(model, SCORE_HEAD, None)
-    if not isinstance(head, torch.nn.Linear) or head.out_features != 1:
-        raise ConfigError(
-            f"pretrain {path!r}: {type(model).__name__} has no one-output linear "
-            f"'{SCORE_HEAD}' head"
-        )
-    missing = set(info["missing_keys"])
-    head_names = {f"{SCORE_HEAD}.{name}" for name, _ in head.named_parameters()}
-    backbone_missing = sorted(missing - head_names)
-    if backbone_missing:
-        raise ConfigError(
-            f"pretrain {path!r} lacks backbone weights {backbone_missing[:5]} "
-            f"({len(backbone_missing)} missing)"
-        )
-    if missing & head_names:
-        init_value_head(head, seed)
+    model = load_with_scalar_head(
+        AutoModelForSequenceClassification,
+        path,
+        config,
+        dtype=torch.float32,
+        head_name=SCORE_HEAD,
+        flag="pretrain",
+        form="sequence-classification",
+        purpose="the score head",
+        seed=seed,
+    )
     model.train()
     return model, config
 

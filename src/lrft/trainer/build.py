@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch.distributed import ProcessGroup
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
@@ -26,12 +27,13 @@ from transformers import (
 
 from lrft.api.optim import SchedulerConfig
 from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec
-from lrft.api.protocols import RolloutEngine, TrainableModel, TrainBackend, WeightSync
+from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, TrainBackend, WeightSync
 from lrft.api.types import ModelPart, SamplingParams
 from lrft.backends import registry
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync.direct import DEFAULT_BUCKET_BYTES, DirectSync
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
+from lrft.backends.train.lora import AdaptersDisabled, apply_lora, check_lora_model
 from lrft.data import DistributedPromptSampler, PromptDataConfig, PromptDataset
 from lrft.data.mixture import load_prompt_mixture
 from lrft.dist import PhaseWatch, RankInfo, RolloutLayout, init_distributed
@@ -41,7 +43,7 @@ from lrft.trainer import demo
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.critic import load_critic
 from lrft.trainer.experience import Decode, ExperienceMaker
-from lrft.trainer.export import export_hf
+from lrft.trainer.export import LORA_ADAPTER_DIR, export_hf, export_lora_adapter
 from lrft.trainer.outputs import claim_outputs
 from lrft.trainer.plugins import import_plugins, plugin_engine, plugin_sync, plugin_train_backend
 from lrft.trainer.presets import preset_config
@@ -329,6 +331,7 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
     config.validate_inputs()
     _check_resume(config)
     check_reward_settings(config)
+    _check_lora(config)
     init_distributed(info, timeout=timedelta(seconds=config.collective_timeout_s))
     watch = PhaseWatch.for_default_group(config.collective_timeout_s)
     watch.start()
@@ -361,11 +364,17 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
     model = causal_lm(config)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()  # type: ignore[no-untyped-call]  # unannotated in transformers
+    # LoRA: the adapters are part of the model the backend wraps
+    trained = model if config.lora is None else apply_lora(model, config.lora)
     actor = backend.prepare_trainable(
-        model, optimizer=config.optimizer_config(config.actor_learning_rate), scheduler=schedule
+        trained,
+        optimizer=config.optimizer_config(config.actor_learning_rate),
+        scheduler=schedule,
     )
-    reference = None
-    if config.init_kl_coef > 0:
+    reference: FrozenModel | None = None
+    if config.init_kl_coef > 0 and config.lora is not None:
+        reference = AdaptersDisabled(actor)  # the actor's own base: no second copy of it
+    elif config.init_kl_coef > 0:
         reference = backend.prepare_frozen(causal_lm(config))
     reward = build_reward(config, backend, data_labels([train_data, eval_data]))
     critic, critic_offload = (
@@ -401,6 +410,10 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
 
     def export(directory: Path) -> None:
         export_hf(actor, pretrained=pretrain, tokenizer=tokenizer, directory=directory)
+        if config.lora is not None:  # the adapters too, as a peft folder beside the merged one
+            export_lora_adapter(
+                actor, pretrained=pretrain, directory=directory.with_name(LORA_ADAPTER_DIR)
+            )
 
     return RLTrainer(
         config=config,
@@ -418,6 +431,19 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         critic_offload=critic_offload,
         # A backend that moves no parameters (FSDP2 cpu_offload) keeps them on the host already.
         offload_reference=config.enable_engine_sleep
-        and ModelPart.PARAMETERS in backend.capabilities.offload,
+        and ModelPart.PARAMETERS in backend.capabilities.offload
+        and config.lora is None,  # a LoRA reference is the actor: nothing of its own to move
         watch=watch,
     )
+
+
+# --- LoRA -------------------------------------------------------------------------------------
+
+
+def _check_lora(config: TrainConfig) -> None:
+    """The adapters ``config`` asks for fit its model (their target modules exist and are
+    linear, peft can wrap it), checked on a weightless copy before any process group starts."""
+    if config.lora is None:
+        return
+    assert config.pretrain is not None
+    check_lora_model(AutoConfig.from_pretrained(config.pretrain), config.lora)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import attrs
 import torch
@@ -25,26 +24,15 @@ from transformers import AutoConfig, AutoModelForTokenClassification, PreTrained
 
 from lrft.algo import clipped_value_loss
 from lrft.algo._tensor import masked_mean
-from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel, TrainableModel
 from lrft.trainer._update_loop import Metrics, step_groups
 from lrft.trainer.micro_batches import PackedMicroBatch, PackedPart, packed_passes
 from lrft.trainer.replay import ReplayBuffer
+from lrft.trainer.scalar_head import load_with_scalar_head
 from lrft.trainer.sequences import Sequences
 
 VALUE_HEAD = "score"
 """The value head's module name (transformers' token-classification heads use it)."""
-
-
-def init_value_head(head: torch.nn.Linear, seed: int) -> None:
-    """Deterministic small weights and a zero bias: the same on every rank whatever the global RNG
-    did before, and values near 0 at the start with a gradient that reaches the backbone."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        weight = torch.randn(head.weight.shape, generator=generator, dtype=torch.float64)
-        head.weight.copy_(weight / (head.in_features + 1))
-        if head.bias is not None:
-            head.bias.zero_()
 
 
 def load_critic(
@@ -65,38 +53,18 @@ def load_critic(
     # Dropout on the values would make the critic's outputs differ between the experience pass
     # and the update, so the clipped value loss would compare two noisy numbers.
     config.classifier_dropout = 0.0
-    model: PreTrainedModel
-    info: dict[str, Any]
-    try:
-        model, info = AutoModelForTokenClassification.from_pretrained(
-            path,
-            config=config,
-            dtype=dtype,
-            output_loading_info=True,
-            attn_implementation=attn_implementation,
-        )
-    except ValueError as error:
-        raise ConfigError(
-            f"critic_pretrain {str(path)!r}: a {config.model_type!r} model has no "
-            f"token-classification form in transformers to carry the value head ({error})"
-        ) from error
-    head = getattr(model, VALUE_HEAD, None)
-    if not isinstance(head, torch.nn.Linear) or head.out_features != 1:
-        raise ConfigError(
-            f"critic_pretrain {str(path)!r}: {type(model).__name__} has no one-output "
-            f"linear '{VALUE_HEAD}' head"
-        )
-    missing = set(info["missing_keys"])
-    head_names = {f"{VALUE_HEAD}.{name}" for name, _ in head.named_parameters()}
-    backbone_missing = sorted(missing - head_names)
-    if backbone_missing:
-        raise ConfigError(
-            f"critic_pretrain {str(path)!r} lacks backbone weights {backbone_missing[:5]} "
-            f"({len(backbone_missing)} missing)"
-        )
-    if missing & head_names:
-        init_value_head(head, seed)
-    return model
+    return load_with_scalar_head(
+        AutoModelForTokenClassification,
+        path,
+        config,
+        dtype=dtype,
+        head_name=VALUE_HEAD,
+        flag="critic_pretrain",
+        form="token-classification",
+        purpose="the value head",
+        seed=seed,
+        attn_implementation=attn_implementation,
+    )
 
 
 def response_values(

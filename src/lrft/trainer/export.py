@@ -1,10 +1,13 @@
-"""Hugging Face export: the actor's full weights as a ``from_pretrained`` folder (safetensors)."""
+"""Hugging Face export: the actor's full weights as a ``from_pretrained`` folder (safetensors),
+and a LoRA actor's adapters as a peft adapter folder."""
 
 from __future__ import annotations
 
+import copy
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -16,11 +19,16 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from lrft.api.protocols import WeightSource
+from lrft.api.protocols import TrainableModel, WeightSource
+from lrft.backends.train.lora import peft_model_of, trainable_parameters
 
 EXPORT_BUCKET_BYTES = 64 * 2**20
+ADAPTER_FILE = "adapter_model.safetensors"
 HF_MODEL_DIR = "hf_model"
 """The exported model's folder under ``SAVE_PATH``; written as ``.tmp-hf_model`` first."""
+LORA_ADAPTER_DIR = "lora_adapter"
+"""A LoRA actor's adapters under ``SAVE_PATH`` (``PeftModel.from_pretrained`` on the base
+model); written as ``.tmp-lora_adapter`` first."""
 
 ModelFromConfig = Callable[[PretrainedConfig, torch.dtype], PreTrainedModel]
 """Builds the empty model an export loads the gathered weights into."""
@@ -70,6 +78,33 @@ def export_hf(
         shutil.rmtree(temporary, ignore_errors=True)
         model.save_pretrained(temporary)
         tokenizer.save_pretrained(temporary)
+        shutil.rmtree(directory, ignore_errors=True)
+        temporary.rename(directory)
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def export_lora_adapter(actor: TrainableModel, *, pretrained: str | Path, directory: Path) -> None:
+    """Write a LoRA actor's adapters as a peft adapter folder (``adapter_config.json``,
+    ``adapter_model.safetensors``) for the base model ``pretrained``. Collective.
+
+    Every rank takes part in gathering the adapters; rank 0 alone writes, to a temporary name
+    renamed when complete."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    adapters = trainable_parameters(actor)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0:
+        peft_model: Any = peft_model_of(actor.module)
+        state = get_peft_model_state_dict(peft_model, state_dict=adapters)
+        temporary = directory.with_name(f".tmp-{directory.name}")
+        shutil.rmtree(temporary, ignore_errors=True)
+        temporary.mkdir(parents=True)
+        save_file({k: v.contiguous() for k, v in state.items()}, temporary / ADAPTER_FILE)
+        config = copy.deepcopy(peft_model.peft_config["default"])
+        config.base_model_name_or_path = str(pretrained)
+        config.save_pretrained(str(temporary))
         shutil.rmtree(directory, ignore_errors=True)
         temporary.rename(directory)
     if dist.is_initialized():

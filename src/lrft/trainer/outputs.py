@@ -5,7 +5,7 @@ A run owns its folders. ``SAVE_PATH/run.json`` names the run whose outputs ``SAV
 by its ``run_id``, the id its checkpoints' manifests carry (a resumed run keeps the id of the
 checkpoint it resumed from). lrft's own outputs are exactly what :func:`find_outputs` lists:
 ``run.json``, ``metrics.jsonl``, the TensorBoard event files, ``curves.png``, the trajectory
-files, the exported ``hf_model/``, wandb's ``wandb/`` folder, and the checkpoint directories
+files, the exported ``hf_model/`` (and a LoRA run's ``lora_adapter/``), wandb's ``wandb/`` folder, and the checkpoint directories
 (with the temporary names an unfinished write leaves). The demo's and presets' prompt files
 (``demo_data/``, ``preset_data/``) are inputs that every run writes again, byte for byte, and
 any other file is the user's: neither counts, and neither is ever removed.
@@ -34,7 +34,7 @@ import lrft
 from lrft.api.errors import ConfigError
 from lrft.dist import broadcast_object
 from lrft.trainer.checkpoint import checkpoint_entries, checkpoint_owner, latest_checkpoint
-from lrft.trainer.export import HF_MODEL_DIR
+from lrft.trainer.export import HF_MODEL_DIR, LORA_ADAPTER_DIR
 from lrft.trainer.metrics import CURVES_FILE, METRICS_FILE, TENSORBOARD_DIR
 from lrft.trainer.trajectories import TRAJECTORY_DIR
 from lrft.trainer.wandb_metrics import FILES_DIR as WANDB_FILES_DIR
@@ -47,13 +47,15 @@ _SAVE_PATH_ENTRIES = (
     CURVES_FILE,
     HF_MODEL_DIR,
     f".tmp-{HF_MODEL_DIR}",
+    LORA_ADAPTER_DIR,
+    f".tmp-{LORA_ADAPTER_DIR}",
     WANDB_FILES_DIR,
 )
 _FOLDER_FILES = (
     (TENSORBOARD_DIR, re.compile(r"events\.out\.tfevents\..+")),
     (TRAJECTORY_DIR, re.compile(r"(\.tmp-)?step_\d+\.jsonl")),
 )
-_COMPLETE_LOOKING = re.compile(rf"global_step\d+|{HF_MODEL_DIR}")
+_COMPLETE_LOOKING = re.compile(rf"global_step\d+|{HF_MODEL_DIR}|{LORA_ADAPTER_DIR}")
 _SHOWN = 3  # entries of one kind a message names before it counts the rest
 
 

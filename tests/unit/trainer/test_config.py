@@ -320,6 +320,10 @@ def _non_default(name: str) -> list[str]:
             }.items()
         },
         "reward_recipes": ["--reward_recipes=recipes.json"],
+        # the adapters' settings need adapters
+        "lora_alpha": ["--lora_rank=8", "--lora_alpha=8"],
+        "lora_dropout": ["--lora_rank=8", "--lora_dropout=0.1"],
+        "target_modules": ["--lora_rank=8", "--target_modules", "q_proj", "v_proj"],
         **KNOB_VALUES,
     }
     if name in special:

@@ -17,7 +17,7 @@ import torch
 
 from lrft.algo import PolicyLossConfig, PolicyLossInputs, advantage_estimators, policy_losses
 from lrft.api.errors import ConfigError
-from lrft.api.redaction import redact
+from lrft.redaction import redact
 from lrft.rewards.retry import retry_backoff_s
 from lrft.trainer.config.choices import ENGINE_MAX_TP
 from lrft.trainer.config.fields import TrainFields
@@ -401,4 +401,28 @@ def validate_world(config: TrainFields, world_size: int) -> None:
             f"train_batch_size {config.train_batch_size} must equal world size {world_size} x "
             f"micro_train_batch_size {config.micro_train_batch_size} x an integer (gradient "
             f"accumulation steps)"
+        )
+
+
+# --- LoRA --------------------------------------------------------------------------------------
+
+LORA_SETTINGS = ("lora_alpha", "lora_dropout", "target_modules")
+"""The fields that shape the LoRA adapters; each needs ``lora_rank``."""
+LORA_EXTRA = "pip install 'lrft[lora]'"
+
+
+def check_lora_settings(config: TrainFields) -> None:
+    """Adapter settings need adapters (``lora_rank``), and adapters need peft."""
+    if config.lora_rank == 0:
+        for name in LORA_SETTINGS:
+            if getattr(config, name) != _default(config, name):
+                raise ConfigError(
+                    f"{name} {getattr(config, name)!r} shapes LoRA adapters, but lora_rank is "
+                    "0 (the whole model is trained): set lora_rank"
+                )
+        return
+    if importlib.util.find_spec("peft") is None:
+        raise ConfigError(
+            f"lora_rank {config.lora_rank} needs the peft package, which is not installed: "
+            f"{LORA_EXTRA}"
         )

@@ -201,6 +201,17 @@ class TrainFields:
     """A DeepSpeed JSON file merged into the generated config (needs ``zero_stage``)."""
     adam_offload: bool = False
     seed: int = 42
+    # LoRA (lrft.backends.train.lora) ---------------------------------------------------------
+    lora_rank: int = attrs.field(default=0, validator=f.non_negative_int)
+    """Train LoRA adapters of this rank on the actor instead of all its weights (0: off; needs
+    ``pip install 'lrft[lora]'``). The reference policy is then the actor with its adapters
+    disabled, and weight sync sends the merged weights."""
+    lora_alpha: int = attrs.field(default=16, validator=f.positive)
+    """The adapters' scaling is ``lora_alpha / lora_rank``."""
+    lora_dropout: float = attrs.field(default=0.0, validator=f.dropout_probability)
+    target_modules: tuple[str, ...] = attrs.field(default=("all-linear",), converter=f.module_names)
+    """The modules given adapters: names (or name suffixes) of linear modules, or
+    ``all-linear`` (every linear module but the output head)."""
     # bookkeeping -----------------------------------------------------------------------------
     save_path: str = "./lrft_output"
     ckpt_path: str | None = None
@@ -301,7 +312,7 @@ class TrainFields:
     ``deepspeed``, or a package's; unset: ``fsdp2``, or ``deepspeed`` with ``zero_stage``."""
     weight_sync: str = attrs.field(default="direct", validator=f.backend_name("sync"))
     """The weight sync by registered name: ``direct``, or a package's."""
-    plugins: tuple[str, ...] = attrs.field(default=(), converter=f.module_names)
+    plugins: tuple[str, ...] = attrs.field(default=(), converter=f.plugin_modules)
     """Python modules ``lrft train`` imports on every rank before it reads the other settings:
     what they register (advantage estimators, policy losses, KL estimators, backends) can then
     be chosen by name."""

@@ -16,10 +16,10 @@ import attrs
 
 from lrft.algo import AGGREGATION_MODES, advantage_estimators, kl_estimators, policy_losses
 from lrft.api.errors import ConfigError
-from lrft.api.redaction import redact
 from lrft.api.validators import optional, positive_int
 from lrft.backends import registry
 from lrft.backends.registry import Kind
+from lrft.redaction import redact
 from lrft.trainer.config.choices import HF_DECODE_PATHS, PRESET_NAMES
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -242,6 +242,28 @@ def weights(value: str | list[float] | tuple[float, ...] | None) -> tuple[float,
     return weights
 
 
+# --- LoRA --------------------------------------------------------------------------------------
+
+
+def non_negative_int(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{attribute.name} must be an integer >= 0, got {value!r}")
+
+
+def dropout_probability(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not _is_number(value) or not 0.0 <= value < 1.0:
+        raise ConfigError(f"{attribute.name} must be in [0, 1), got {value!r}")
+
+
+def module_names(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``target_modules``: names given as a list, space-separated values or commas."""
+    items = [value] if isinstance(value, str) else list(value)
+    names = tuple(part.strip() for item in items for part in str(item).split(",") if part.strip())
+    if not names:
+        raise ConfigError(f"target_modules must name at least one module, got {value!r}")
+    return names
+
+
 # the learning-rate schedule, KL control, data mixing, backends by name, plug-ins --------------
 
 LR_SCHEDULERS = ("constant", "linear", "cosine", "cosine_with_min_lr")
@@ -300,7 +322,7 @@ def probabilities(value: str | list[float] | tuple[float, ...] | None) -> tuple[
     return probs
 
 
-def module_names(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+def plugin_modules(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
     """``plugins``: Python module names, comma-separated or a list."""
     names = _items(value, "plugins")
     for name in names:

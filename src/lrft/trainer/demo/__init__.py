@@ -22,6 +22,7 @@ from lrft.trainer.demo.model import ASSETS_DIR, load_model, load_tokenizer
 from lrft.trainer.demo.reward import AdditionReward, exact_answer
 from lrft.trainer.demo.settings import (
     DEMO_CRITIC_SETTINGS,
+    DEMO_LORA_SETTINGS,
     DEMO_REWARD,
     DEMO_SETTINGS,
     demo_config,
@@ -43,6 +44,7 @@ from lrft.trainer.demo.task import (
 __all__ = [
     "ASSETS_DIR",
     "DEMO_CRITIC_SETTINGS",
+    "DEMO_LORA_SETTINGS",
     "DEMO_REWARD",
     "DEMO_SETTINGS",
     "INPUT_KEY",
