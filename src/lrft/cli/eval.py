@@ -16,6 +16,7 @@ from typing import Any
 
 from lrft.api.errors import ConfigError, LrftError
 from lrft.cli.flags import FLAGS, Flag
+from lrft.cli.lightrft import translate
 from lrft.redaction import redact
 
 DESCRIPTION = (
@@ -64,6 +65,10 @@ SHARED_FLAGS = (
     "collective_timeout_s",
 )
 """The ``lrft train`` flags ``lrft eval`` reads, with the same meaning."""
+
+
+OWN_VALUED = ("model", "dataset", "split", "n_samples", "pass_k", "correct_above", "output")
+"""``lrft eval``'s own flags that take a value (``--greedy`` is its one switch)."""
 
 
 def _pass_k(text: str) -> tuple[int, ...]:
@@ -148,7 +153,12 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Any, dict[str, Any]]:
     from lrft.cli import build_parser
     from lrft.eval import EvalSettings
 
-    args = vars(build_parser().parse_args(list(argv)))
+    argv = list(argv)
+    if argv[:1] == ["eval"]:
+        # lrft train's guard: LightRFT's flags get their hints, and no value of a switch or of
+        # an unknown flag is shown (it may be a secret)
+        argv = ["eval", *translate(argv[1:], **_flag_names())]
+    args = vars(build_parser().parse_args(argv))
     args.pop("command")
     own = {name: args.pop(name) for name in ("model", "dataset", "split", "greedy", "output")}
     n_samples = args.pop("n_samples")
@@ -159,6 +169,18 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Any, dict[str, Any]]:
         **own, n_samples=n_samples, ks=ks, correct_above=args.pop("correct_above")
     )
     return settings, args
+
+
+def _flag_names() -> dict[str, Any]:
+    """What :func:`lrft.cli.lightrft.translate` needs to know of ``lrft eval``'s flags."""
+    from lrft.backends import registry
+
+    shared = [flag for flag in FLAGS if flag.name in SHARED_FLAGS]
+    return {
+        "switches": {"greedy", *(f.name for f in shared if f.kind is bool)},
+        "valued": {*OWN_VALUED, *(f.name for f in shared if f.kind is not bool)},
+        "known_engines": set(registry.entries("rollout")),
+    }
 
 
 def eval_main(argv: Sequence[str]) -> int:
