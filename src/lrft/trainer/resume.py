@@ -158,7 +158,8 @@ def checkpoint_to_resume(config: TrainConfig) -> Path | None:
     be complete), else the newest complete one in ``checkpoint_dir``; ``None`` when the run starts
     from step 0, which only a run whose checkpoint folder was not given may do (a first run of a
     job resumed with the same command). Raises ``ConfigError`` for a named checkpoint that is not
-    a complete one, and for a given ``ckpt_path`` holding none."""
+    a complete one or has later checkpoints beside it (they would be overwritten), and for a
+    given ``ckpt_path`` holding none."""
     from lrft.trainer import checkpoint as ckpt
 
     if config.resume_from is not None:
@@ -168,6 +169,16 @@ def checkpoint_to_resume(config: TrainConfig) -> Path | None:
                 f"ckpt_path {config.ckpt_path!r} names a checkpoint that is not a complete lrft "
                 f"checkpoint (no {ckpt.MANIFEST}); the complete ones in {config.checkpoint_dir} "
                 f"are at steps {ckpt.checkpoint_steps(Path(config.checkpoint_dir)) or 'none'}"
+            )
+        step = int(named.name.removeprefix("global_step"))
+        newer = [k for k in ckpt.checkpoint_steps(Path(config.checkpoint_dir)) if k > step]
+        if newer:
+            # The resumed run would write its own checkpoints at those steps, over these.
+            raise ConfigError(
+                f"ckpt_path {config.ckpt_path!r} names step {step}, but the same folder holds "
+                f"later checkpoints at steps {newer}, which the resumed run would overwrite as "
+                "it reaches them: copy the checkpoint into a folder of its own and give that as "
+                "--ckpt_path (with a fresh --save_path), or remove the later ones yourself"
             )
         return named
     latest = ckpt.latest_checkpoint(Path(config.checkpoint_dir))

@@ -256,11 +256,20 @@ def test_ckpt_path_names_the_checkpoints_folder_or_one_checkpoint(tmp_path: Path
     _checkpoint(root, 4)
     folder = TrainConfig(**MODEL, ckpt_path=str(root), load_checkpoint=True)
     assert checkpoint_to_resume(folder) == root / "global_step4"
-    named = TrainConfig(**MODEL, ckpt_path=str(root / "global_step2"), load_checkpoint=True)
-    assert (named.checkpoint_dir, named.resume_from) == (str(root), str(root / "global_step2"))
-    assert checkpoint_to_resume(named) == root / "global_step2"
+    named = TrainConfig(**MODEL, ckpt_path=str(root / "global_step4"), load_checkpoint=True)
+    assert (named.checkpoint_dir, named.resume_from) == (str(root), str(root / "global_step4"))
+    assert checkpoint_to_resume(named) == root / "global_step4"
+    # an earlier one would see the resumed run write over the later ones as it reaches them
+    earlier = TrainConfig(**MODEL, ckpt_path=str(root / "global_step2"), load_checkpoint=True)
+    with pytest.raises(ConfigError, match=r"names step 2, but .* later checkpoints at steps \[4\]"):
+        checkpoint_to_resume(earlier)
+    (root / "elsewhere").mkdir()
+    (root / "global_step2").rename(root / "elsewhere" / "global_step2")
+    moved = root / "elsewhere" / "global_step2"
+    branch = TrainConfig(**MODEL, ckpt_path=str(moved), load_checkpoint=True)
+    assert checkpoint_to_resume(branch) == moved
     missing = TrainConfig(**MODEL, ckpt_path=str(root / "global_step3"), load_checkpoint=True)
-    with pytest.raises(ConfigError, match=r"not a complete lrft checkpoint .* at steps \[2, 4\]"):
+    with pytest.raises(ConfigError, match=r"not a complete lrft checkpoint .* at steps \[4\]"):
         checkpoint_to_resume(missing)
 
 
