@@ -35,13 +35,13 @@ from lrft.trainer import checkpoint as ckpt
 from lrft.trainer.build import (
     causal_lm,
     experience_maker,
-    load_prompts,
     rollout_engine,
     train_backend,
 )
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.experience import ExperienceMaker
 from lrft.trainer.plugins import import_plugins
+from lrft.trainer.prompts import load_prompts
 from lrft.trainer.rewards import build_reward, check_reward_settings, data_labels
 
 CHECKPOINT_BACKEND_SETTINGS = (

@@ -22,7 +22,6 @@ from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     PreTrainedModel,
-    PreTrainedTokenizerBase,
 )
 
 from lrft.api.optim import SchedulerConfig
@@ -34,8 +33,6 @@ from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync.direct import DEFAULT_BUCKET_BYTES, DirectSync
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
 from lrft.backends.train.lora import AdaptersDisabled, apply_lora, check_lora_model
-from lrft.data import DistributedPromptSampler, PromptDataConfig, PromptDataset
-from lrft.data.mixture import load_prompt_mixture
 from lrft.dist import PhaseWatch, RankInfo, RolloutLayout, init_distributed
 from lrft.rewards import RewardFn
 from lrft.trainer import checkpoint as ckpt
@@ -47,6 +44,7 @@ from lrft.trainer.export import LORA_ADAPTER_DIR, export_hf, export_lora_adapter
 from lrft.trainer.outputs import claim_outputs
 from lrft.trainer.plugins import import_plugins, plugin_engine, plugin_sync, plugin_train_backend
 from lrft.trainer.presets import preset_config
+from lrft.trainer.prompts import eval_prompts, load_prompts, planned_iterations
 from lrft.trainer.resume import check_resume_settings, checkpoint_to_resume
 from lrft.trainer.rewards import build_reward, check_reward_settings, data_labels
 from lrft.trainer.trainer import RLTrainer
@@ -186,49 +184,6 @@ def build_critic(
     return critic, frozenset(parts) & backend.capabilities.offload
 
 
-def load_prompts(
-    config: TrainConfig,
-    paths: tuple[str, ...],
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    limit: int | None,
-    split: str | None,
-    probs: tuple[float, ...] | None = None,
-) -> PromptDataset:
-    """The prompts of ``paths`` formatted as ``config`` says (each source read up to ``limit``
-    rows, from ``split``), mixed by ``probs`` when given (:mod:`lrft.data.mixture`)."""
-    sources = [
-        PromptDataConfig(
-            prompt_data=path,
-            input_key=config.input_key,
-            label_key=config.label_key,
-            reference_key=config.reference_key,
-            apply_chat_template=config.apply_chat_template,
-            system_prompt=config.system_prompt,
-            input_template=config.input_template,
-            max_prompt_length=config.prompt_max_len,
-            max_samples=limit,
-            split=split,
-        )
-        for path in paths
-    ]
-    return load_prompt_mixture(sources, tokenizer, probs=probs, seed=config.seed)
-
-
-def _eval_data(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> PromptDataset | None:
-    """The held-out prompts: ``eval_dataset`` (its ``eval_split``), or with ``eval_split`` alone
-    that split of ``prompt_data``."""
-    if config.eval_dataset is not None:
-        path = config.eval_dataset
-    elif config.eval_split is not None:
-        path = config.prompt_sources[0]
-    else:
-        return None
-    return load_prompts(
-        config, (path,), tokenizer, limit=config.eval_max_samples, split=config.eval_split
-    )
-
-
 def rollout_sampling(config: TrainConfig, eos_token_id: int | None) -> SamplingParams:
     """How training rollouts sample; the engine returns its own logprobs when TIS reads them."""
     return SamplingParams(
@@ -281,19 +236,6 @@ def causal_lm(config: TrainConfig) -> PreTrainedModel:
         config.pretrain, dtype=torch.float32, attn_implementation=config.attn_implementation
     )
     return model
-
-
-def _planned_iterations(config: TrainConfig, prompts: int, info: RankInfo) -> int:
-    """The run's iterations over ``prompts`` training prompts, as the trainer's sampler counts
-    its batches."""
-    sampler = DistributedPromptSampler(
-        num_samples=prompts,
-        global_batch_size=config.rollout_batch_size,
-        rank=info.rank,
-        world_size=info.world_size,
-        seed=config.seed,
-    )
-    return config.planned_iterations(sampler.batches_per_epoch)
 
 
 def _check_outputs(config: TrainConfig, rank: int) -> None:
@@ -357,8 +299,8 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         split=config.prompt_split,
         probs=config.prompt_data_probs,
     )
-    eval_data = _eval_data(config, tokenizer)
-    schedule = config.scheduler_config(_planned_iterations(config, len(train_data), info))
+    eval_data = eval_prompts(config, tokenizer)
+    schedule = config.scheduler_config(planned_iterations(config, len(train_data), info))
 
     backend = train_backend(config, info)
     model = causal_lm(config)

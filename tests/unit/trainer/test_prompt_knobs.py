@@ -1,4 +1,4 @@
-"""The prompt knobs as the trainer's builder reads them (:func:`lrft.trainer.build.load_prompts`):
+"""The prompt knobs as the trainer's builder reads them (:func:`lrft.trainer.prompts.load_prompts`):
 the system prompt in the rendered prompt, several sources mixed by their probabilities, and the
 training and held-out splits of a ``datasets`` folder."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerBase
 
-from lrft.trainer.build import _eval_data, load_prompts
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.demo.tokenizer import build_tokenizer
+from lrft.trainer.prompts import eval_prompts, load_prompts
 
 ROLES_TEMPLATE = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
 """A chat template that shows each message's role, so a test reads the conversation back."""
@@ -93,7 +93,7 @@ def test_prompt_split_and_eval_split_pick_the_folders_splits(tmp_path: Path) -> 
         train = load_prompts(
             config, config.prompt_sources, _tokenizer(), limit=None, split=config.prompt_split
         )
-        held_out = _eval_data(config, _tokenizer())
+        held_out = eval_prompts(config, _tokenizer())
         return [s.prompt_text for s in train], (
             None if held_out is None else [s.prompt_text for s in held_out]
         )
