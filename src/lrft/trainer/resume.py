@@ -191,3 +191,16 @@ def checkpoint_to_resume(config: TrainConfig) -> Path | None:
             "yet"
         )
     return latest
+
+
+def check_schedule(saved: object, now: dict[str, Any], checkpoint: Path) -> None:
+    """Raises ``ConfigError`` when the learning-rate schedule a checkpoint was written with
+    (``saved``; ``None`` for a checkpoint that records none) differs from the resumed run's
+    (``now``): a run's length is resumable, but a warm-up or decay spans the whole run, so
+    another length would bend the curve where the run resumes."""
+    if saved is not None and saved != now:
+        raise ConfigError(
+            f"checkpoint {checkpoint} was written with the learning-rate schedule {saved}, "
+            f"and this run's length makes it {now}: a warm-up or decay spans the whole run, "
+            "so resume with the checkpoint's max_steps and num_episodes"
+        )

@@ -31,7 +31,7 @@ from lrft.trainer.outputs import claim_outputs, own_outputs
 from lrft.trainer.policy import PolicyUpdate, needs_old_logprob_pass
 from lrft.trainer.progress import Console
 from lrft.trainer.replay import ReplayBuffer
-from lrft.trainer.resume import check_resume_settings, checkpoint_to_resume
+from lrft.trainer.resume import check_resume_settings, check_schedule, checkpoint_to_resume
 from lrft.trainer.sampling import Refill, ScoredGroups, continuation_seed, refill_groups
 from lrft.trainer.sequences import pack
 from lrft.trainer.trajectories import TRAJECTORY_DIR, TrajectoryWriter, sample_records
@@ -386,7 +386,8 @@ class RLTrainer:
                 f"checkpoint {latest} was written for other prompts (data fingerprint "
                 f"{manifest['data_fingerprint']} != {self.train_data.fingerprint})"
             )
-        self._check_schedule(manifest, latest)
+        now = attrs.asdict(self.config.scheduler_config(self.total_steps))
+        check_schedule(manifest.get("lr_schedule"), now, latest)
         self.sampler.load_state_dict(manifest["sampler"])
         self.maker.reward_moments = RunningMoments(**manifest["reward_moments"])
         if isinstance(self.kl_control, AdaptiveKLController):
@@ -400,18 +401,6 @@ class RLTrainer:
             self.metrics.wandb.continue_run(str(run_id))
         self._say(f"resumed from {latest} at step {self.step}")
         return True
-
-    def _check_schedule(self, manifest: dict[str, Any], checkpoint: Path) -> None:
-        # A run's length is resumable, but a warm-up or decay spans the whole run: another
-        # length would bend the learning-rate curve where the run resumes.
-        saved = manifest.get("lr_schedule")
-        now = attrs.asdict(self.config.scheduler_config(self.total_steps))
-        if saved is not None and saved != now:
-            raise ConfigError(
-                f"checkpoint {checkpoint} was written with the learning-rate schedule {saved}, "
-                f"and this run's length makes it {now}: a warm-up or decay spans the whole run, "
-                "so resume with the checkpoint's max_steps and num_episodes"
-            )
 
     # --- the loop ----------------------------------------------------------------------------
 

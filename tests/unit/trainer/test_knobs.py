@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import torch
 
@@ -19,7 +20,7 @@ from lrft.rewards.batch_function import BatchFunctionReward, batch_parameters
 from lrft.trainer import checkpoint as ckpt
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.experience import ExperienceMaker
-from lrft.trainer.resume import checkpoint_to_resume
+from lrft.trainer.resume import check_schedule, checkpoint_to_resume
 from lrft.trainer.rewards import load_reward
 from lrft.trainer.sequences import pack
 
@@ -284,3 +285,20 @@ def test_a_given_ckpt_path_without_a_checkpoint_is_refused_not_started_from_zero
     # without --ckpt_path a first run of a resumable job starts from step 0
     fresh = TrainConfig(**MODEL, save_path=str(tmp_path / "out"), load_checkpoint=True)
     assert checkpoint_to_resume(fresh) is None
+
+
+def test_a_resume_that_would_bend_the_schedule_is_refused(tmp_path: Path) -> None:
+    config = TrainConfig(lr_scheduler="cosine", lr_warmup_ratio=0.25)
+    saved = attrs.asdict(config.scheduler_config(4))  # as the checkpoint's manifest holds it
+    check_schedule(saved, attrs.asdict(config.scheduler_config(4)), tmp_path)
+    check_schedule(None, attrs.asdict(config.scheduler_config(6)), tmp_path)  # recorded none
+    longer = attrs.asdict(config.scheduler_config(6))
+    with pytest.raises(ConfigError, match=r"learning-rate schedule .* resume with the checkpoint"):
+        check_schedule(saved, longer, tmp_path)
+    # a constant rate without warm-up is the same schedule whatever the length
+    constant = TrainConfig()
+    check_schedule(
+        attrs.asdict(constant.scheduler_config(4)),
+        attrs.asdict(constant.scheduler_config(6)),
+        tmp_path,
+    )
