@@ -30,6 +30,7 @@ from lrft.api.errors import (
     WeightSyncError,
 )
 from lrft.api.optim import OptimizerConfig, SchedulerConfig
+from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec
 from lrft.api.protocols import (
     FrozenModel,
     IncrementalWeightSource,
@@ -69,6 +70,7 @@ __all__ = [
     "EngineAsleepError",
     "EngineCapabilities",
     "EnginePart",
+    "EngineSpec",
     "EngineState",
     "Environment",
     "EpisodeBudget",
@@ -102,6 +104,7 @@ __all__ = [
     "ToolResult",
     "ToolStatus",
     "TrainBackend",
+    "TrainBackendSpec",
     "TrainCapabilities",
     "TrainableModel",
     "WeightLoadError",
@@ -109,6 +112,7 @@ __all__ = [
     "WeightSource",
     "WeightSync",
     "WeightSyncError",
+    "WeightSyncSpec",
     "WeightsMark",
     "WeightsResidency",
     "WeightsUpdate",

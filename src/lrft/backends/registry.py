@@ -68,6 +68,12 @@ def entries(kind: Kind) -> dict[str, BackendEntry]:
     return dict(sorted(known.items()))
 
 
+def is_known(kind: Kind, name: str) -> bool:
+    """Whether ``name`` is a ``kind`` backend: registered ones are answered without reading the
+    installed packages' entry points."""
+    return (kind, name) in _REGISTRY or name in _entry_points(kind)
+
+
 def load(kind: Kind, name: str) -> object:
     """Import and return the ``kind`` backend ``name`` (usually a class)."""
     known = entries(kind)
@@ -94,6 +100,7 @@ def load(kind: Kind, name: str) -> object:
 
 
 register("train", "fsdp2", "lrft.backends.train.fsdp2:FSDP2Backend")
+register("train", "deepspeed", "lrft.backends.train.deepspeed:DeepSpeedBackend", extra="deepspeed")
 register("rollout", "hf", "lrft.backends.rollout.hf:HFRolloutEngine")
 register("rollout", "vllm", "lrft.backends.rollout.vllm:VLLMRolloutEngine", extra="vllm")
 register("sync", "direct", "lrft.backends.sync.direct:DirectSync")

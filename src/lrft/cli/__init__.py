@@ -1,4 +1,5 @@
-"""``lrft train``: the command line (LightRFT's flag names) and its torchrun entry point.
+"""``lrft train``: the command line (LightRFT's flag names) and its torchrun entry point; the
+other commands (``lrft eval``, ``lrft train-rm``, ``lrft bench``) have modules of their own.
 
 Every flag maps to one :class:`~lrft.trainer.TrainConfig` field of the same name; ``--config``
 reads a JSON or YAML file of the same keys (the command line wins). The config is built and
@@ -23,10 +24,14 @@ import attrs
 from lrft.api.errors import CollectiveTimeout, ConfigError, LrftError
 from lrft.cli.bench import add_bench_parser, bench_main
 from lrft.cli.config_file import read_keys
+from lrft.cli.eval import add_eval_parser, eval_main
 from lrft.cli.flags import FLAGS, Flag, FlagGroup, shown_default
+from lrft.cli.lightrft import translate
 from lrft.cli.train_rm import add_train_rm_parser, train_rm_main
 from lrft.redaction import redact
 from lrft.trainer.config import TrainConfig
+from lrft.trainer.config.validators import plugin_modules
+from lrft.trainer.plugins import import_plugins
 from lrft.trainer.progress import library_bars_allowed, silence_library_bars
 
 _DECIMAL = r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|inf|infinity|nan"
@@ -42,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
         "train",
+        # no prefixes: LightRFT's --fsdp would be an ambiguous prefix of lrft's --fsdp_* flags,
+        # and its --eval_data a silent abbreviation of --eval_dataset (lrft.cli.lightrft)
+        allow_abbrev=False,
         usage="%(prog)s [-h] [--config FILE] [--FLAG VALUE ...]",
         help="RL fine-tuning under torchrun; with no --pretrain, the built-in demo",
         description="Colocated RL fine-tuning (fsdp2 trainer + hf engine + direct weight sync). "
@@ -57,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add(sections[flag.group], flag)
     add_bench_parser(commands)  # listed in `lrft --help`; `lrft bench` is parsed by bench_main
     add_train_rm_parser(commands)  # likewise: `lrft train-rm` is parsed by train_rm_main
+    add_eval_parser(commands)
     return parser
 
 
@@ -73,7 +82,7 @@ def _add(section: argparse._ArgumentGroup, flag: Flag) -> None:
     section.add_argument(
         name,
         type=flag.kind,
-        choices=flag.choices,
+        choices=flag.choices() if callable(flag.choices) else flag.choices,
         default=argparse.SUPPRESS,
         metavar=flag.metavar,
         nargs=flag.nargs,
@@ -91,7 +100,11 @@ def config_from_args(argv: Sequence[str]) -> TrainConfig:
     from lrft.trainer.demo import demo_settings
     from lrft.trainer.presets import preset_settings
 
-    args = vars(build_parser().parse_args(list(argv)))
+    argv = list(argv)
+    if argv[:1] == ["train"]:
+        import_plugins(_plugins_named(argv[1:]))  # before the parser lists what they register
+        argv = ["train", *translate(argv[1:], **_flag_names())]
+    args = vars(build_parser().parse_args(argv))
     args.pop("command")
     config_file = args.pop("config")
     values = read_config_file(config_file) if config_file is not None else {}
@@ -104,6 +117,36 @@ def config_from_args(argv: Sequence[str]) -> TrainConfig:
         return TrainConfig(**values)
     except TypeError as error:  # a value of the wrong type in a config file
         raise ConfigError(f"invalid configuration: {error}") from error
+
+
+def _plugins_named(argv: Sequence[str]) -> tuple[str, ...]:
+    """The ``plugins`` modules a command line (or its ``--config`` file) names."""
+    names: list[str] = []
+    for index, token in enumerate(argv):
+        for flag in ("plugins", "config"):
+            value = None
+            if token.startswith(f"--{flag}="):
+                value = token.split("=", 1)[1]
+            elif token == f"--{flag}" and index + 1 < len(argv):
+                value = argv[index + 1]
+            if value is None:
+                continue
+            if flag == "config":
+                value = read_config_file(Path(value)).get("plugins")
+            if value is not None:
+                names.extend(plugin_modules(value))
+    return tuple(names)
+
+
+def _flag_names() -> dict[str, Any]:
+    """What :func:`lrft.cli.lightrft.translate` needs to know of lrft's own flags."""
+    from lrft.backends import registry
+
+    return {
+        "switches": {f.name for f in FLAGS if f.kind is bool},
+        "valued": {f.name for f in FLAGS if f.kind is not bool},
+        "known_engines": set(registry.entries("rollout")),
+    }
 
 
 def world_size_from_env() -> int:
@@ -154,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return bench_main(argv)
     if argv[:1] == ["train-rm"]:
         return train_rm_main(argv)
+    if argv[:1] == ["eval"]:
+        return eval_main(argv)
     rank = os.environ.get("RANK", "0")
     try:
         config = config_from_args(argv)

@@ -14,15 +14,16 @@ from typing import Any
 import attrs
 
 from lrft.algo import AGGREGATION_MODES, kl_estimators, policy_losses
+from lrft.backends import registry
 from lrft.rewards.judge_template import JUDGE_TEMPLATES
 from lrft.rewards.remote_protocols import PROTOCOLS
 from lrft.trainer.config import (
-    ENGINE_MAX_TP,
     HF_DECODE_PATHS,
     PRESET_NAMES,
     TrainConfig,
     supported_estimators,
 )
+from lrft.trainer.config.validators import ATTENTION_KERNELS, LR_SCHEDULERS
 from lrft.trainer.demo import DEMO_CRITIC_SETTINGS, DEMO_LORA_SETTINGS, DEMO_SETTINGS
 
 
@@ -48,7 +49,9 @@ class Flag:
     """Where ``--help`` lists the flag; required, so that no flag is left out of the listing."""
     kind: Callable[[str], Any]
     help: str
-    choices: Sequence[str] | None = None
+    choices: Sequence[str] | Callable[[], Sequence[str]] | None = None
+    """The values the flag accepts; a function is called when the parser is built, after
+    ``--plugins`` were imported, so that what they register can be chosen."""
     metavar: str | tuple[str, ...] | None = None
     nargs: int | str | None = None
     """How many values the flag takes (``None``: one; ``"+"``: one or more)."""
@@ -272,7 +275,7 @@ FLAGS: tuple[Flag, ...] = (
         name="generate_max_len",
         group=FlagGroup.ROLLOUT,
         kind=int,
-        help="maximum new tokens per response",
+        help="maximum new tokens per response (LightRFT's default; the demo and presets set their own)",
     ),
     Flag(
         name="temperature",
@@ -290,8 +293,10 @@ FLAGS: tuple[Flag, ...] = (
         name="engine_type",
         group=FlagGroup.ENGINE,
         kind=str,
-        choices=tuple(ENGINE_MAX_TP),
-        help="rollout engine: hf (transformers, built in) or vllm (pip install 'lrft[vllm]')",
+        choices=lambda: tuple(registry.entries("rollout")),
+        help="rollout engine by registered name: hf (transformers, built in), vllm (pip install "
+        "'lrft[vllm]'), or one an installed package registers (entry-point group "
+        "lrft.rollout_engines)",
     ),
     Flag(
         name="hf_decode",
@@ -373,7 +378,7 @@ FLAGS: tuple[Flag, ...] = (
         name="advantage_estimator",
         group=FlagGroup.ALGORITHM,
         kind=str,
-        choices=supported_estimators(),
+        choices=supported_estimators,
         help="advantage estimator; gae (PPO) trains a critic alongside the actor",
     ),
     Flag(name="eps_clip", group=FlagGroup.ALGORITHM, kind=float, help="PPO ratio clip"),
@@ -419,7 +424,7 @@ FLAGS: tuple[Flag, ...] = (
         name="kl_estimator",
         group=FlagGroup.ALGORITHM,
         kind=str,
-        choices=kl_estimators.names(),
+        choices=kl_estimators.names,
         help="KL estimator",
     ),
     Flag(
@@ -438,7 +443,7 @@ FLAGS: tuple[Flag, ...] = (
         name="policy_loss_type",
         group=FlagGroup.ALGORITHM,
         kind=str,
-        choices=policy_losses.names(),
+        choices=policy_losses.names,
         help="policy loss: ppo (token ratio clip), gspo (clipped sequence ratio), gmpo (geometric "
         "mean of clipped token ratios), cpgd (clipped log-ratio)",
     ),
@@ -741,6 +746,124 @@ FLAGS: tuple[Flag, ...] = (
         "phase, step and the other ranks' (exit code 3; default 600: longer than a rank's longest "
         "solo stretch, such as generation skew, reward-service retries, a first compile); a "
         "silent (stopped or dead) rank is reported after half of it, at most 60 s",
+    ),
+    # the learning-rate schedule, adaptive KL, clipping, data mixing, kernels, backends by name ---
+    Flag(
+        name="lr_scheduler",
+        group=FlagGroup.TRAINING,
+        kind=str,
+        choices=LR_SCHEDULERS,
+        help="the learning rate after the warm-up: constant, or linear / cosine decay to "
+        "--min_lr_ratio x the rate at the run's last optimizer step; cosine_with_min_lr "
+        "(LightRFT's) decays to 0.1 x the rate; actor and critic",
+    ),
+    Flag(
+        name="lr_warmup_ratio",
+        group=FlagGroup.TRAINING,
+        kind=float,
+        help="the share of the run's optimizer steps over which the learning rate rises "
+        "linearly to its value (LightRFT's default: 0.03)",
+    ),
+    Flag(
+        name="min_lr_ratio",
+        group=FlagGroup.TRAINING,
+        kind=float,
+        help="a decaying schedule's floor as a fraction of the rate (unset: 0, or 0.1 for "
+        "cosine_with_min_lr; needs a decaying --lr_scheduler)",
+    ),
+    Flag(
+        name="adam_betas",
+        group=FlagGroup.TRAINING,
+        kind=float,
+        nargs=2,
+        metavar=("BETA1", "BETA2"),
+        help="AdamW's betas for the actor and the critic (LightRFT's default: 0.9 0.95)",
+    ),
+    Flag(
+        name="kl_target",
+        group=FlagGroup.ALGORITHM,
+        kind=float,
+        help="adapt the KL coefficient, from --init_kl_coef, towards this KL per token (Ziegler "
+        "et al. 2019's proportional controller; logged as kl/coef; unset: fixed coefficient)",
+    ),
+    Flag(
+        name="kl_horizon",
+        group=FlagGroup.ALGORITHM,
+        kind=int,
+        help="the adaptive controller's horizon in samples: an iteration moves the coefficient "
+        "by at most 20% x its samples / horizon (unset: 10000; needs --kl_target)",
+    ),
+    Flag(
+        name="reward_clip",
+        group=FlagGroup.REWARDS,
+        kind=float,
+        help="clip each reward to [-c, c] after shaping and --normalize_reward (0: off)",
+    ),
+    Flag(
+        name="advantage_clip",
+        group=FlagGroup.ALGORITHM,
+        kind=float,
+        help="clip each advantage to [-c, c] after the estimator's normalisation (0: off)",
+    ),
+    Flag(
+        name="system_prompt",
+        group=FlagGroup.MODEL_AND_DATA,
+        kind=str,
+        help="a system message before each prompt (needs --apply_chat_template)",
+    ),
+    Flag(
+        name="prompt_data_probs",
+        group=FlagGroup.MODEL_AND_DATA,
+        kind=str,
+        metavar="P[,P...]",
+        help="with several comma-separated --prompt_data sources: each one's share of the "
+        "mixed training prompts, summing to 1 (unset: every source as it is)",
+    ),
+    Flag(
+        name="prompt_split",
+        group=FlagGroup.MODEL_AND_DATA,
+        kind=str,
+        help="the split of a datasets DatasetDict folder to train on (unset: train)",
+    ),
+    Flag(
+        name="eval_split",
+        group=FlagGroup.MODEL_AND_DATA,
+        kind=str,
+        help="the held-out split: of --eval_dataset, or of --prompt_data when no --eval_dataset "
+        "is given (LightRFT's --eval_split test)",
+    ),
+    Flag(
+        name="attn_implementation",
+        group=FlagGroup.TRAINING,
+        kind=str,
+        choices=ATTENTION_KERNELS,
+        help="the trained models' attention kernel; flash_attention_2 (LightRFT's --flash_attn) "
+        "needs the flash-attn package and CUDA; the hf engine keeps its own kernel",
+    ),
+    Flag(
+        name="train_backend",
+        group=FlagGroup.BACKEND,
+        kind=str,
+        choices=lambda: tuple(registry.entries("train")),
+        help="the train backend by registered name: fsdp2 (LightRFT's --fsdp), deepspeed (needs "
+        "--zero_stage), or one an installed package registers (entry-point group "
+        "lrft.train_backends; unset: fsdp2, or deepspeed with --zero_stage)",
+    ),
+    Flag(
+        name="weight_sync",
+        group=FlagGroup.BACKEND,
+        kind=str,
+        choices=lambda: tuple(registry.entries("sync")),
+        help="the weight sync by registered name: direct, or one an installed package registers "
+        "(entry-point group lrft.weight_syncs)",
+    ),
+    Flag(
+        name="plugins",
+        group=FlagGroup.ALGORITHM,
+        kind=str,
+        metavar="MODULE[,MODULE...]",
+        help="Python modules imported first, on every rank: the advantage estimators, policy "
+        "losses, KL estimators and backends they register can then be chosen by name",
     ),
 )
 

@@ -1,7 +1,9 @@
 """Build a ready :class:`RLTrainer` from a :class:`TrainConfig`: models, backend, engine, data.
 
-Composes only the Protocols' implementations: the ``fsdp2`` (or DeepSpeed) TrainBackend, the
-``hf`` or ``vllm`` engine and ``direct`` weight sync. With no ``pretrain`` the built-in demo
+Composes only the Protocols' implementations, each chosen by its registered name
+(:mod:`lrft.backends.registry`): lrft's ``fsdp2`` or ``deepspeed`` TrainBackend, ``hf`` or
+``vllm`` engine and ``direct`` weight sync are built from their own settings, an installed
+package's from its spec (:mod:`lrft.trainer.plugins`). With no ``pretrain`` the built-in demo
 provides model, data and reward; a ``preset`` provides whichever of them the user left unset
 (:mod:`lrft.trainer.presets`).
 """
@@ -15,16 +17,22 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 from torch.distributed import ProcessGroup
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+)
 
-from lrft.api.optim import OptimizerConfig
-from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, TrainBackend
+from lrft.api.optim import SchedulerConfig
+from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec
+from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, TrainBackend, WeightSync
 from lrft.api.types import ModelPart, SamplingParams
+from lrft.backends import registry
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
-from lrft.backends.sync.direct import DirectSync
+from lrft.backends.sync.direct import DEFAULT_BUCKET_BYTES, DirectSync
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
 from lrft.backends.train.lora import AdaptersDisabled, apply_lora, check_lora_model
-from lrft.data import PromptDataConfig, PromptDataset, load_prompt_dataset
 from lrft.dist import PhaseWatch, RankInfo, RolloutLayout, init_distributed
 from lrft.rewards import RewardFn
 from lrft.trainer import checkpoint as ckpt
@@ -34,8 +42,10 @@ from lrft.trainer.critic import load_critic
 from lrft.trainer.experience import Decode, ExperienceMaker
 from lrft.trainer.export import LORA_ADAPTER_DIR, export_hf, export_lora_adapter
 from lrft.trainer.outputs import claim_outputs
+from lrft.trainer.plugins import import_plugins, plugin_engine, plugin_sync, plugin_train_backend
 from lrft.trainer.presets import preset_config
-from lrft.trainer.resume import check_resume_settings
+from lrft.trainer.prompts import eval_prompts, load_prompts, planned_iterations
+from lrft.trainer.resume import check_resume_settings, checkpoint_to_resume
 from lrft.trainer.rewards import build_reward, check_reward_settings, data_labels
 from lrft.trainer.trainer import RLTrainer
 
@@ -92,12 +102,48 @@ ENGINES: dict[str, Callable[[str, TrainConfig, RankInfo], RolloutEngine]] = {
     "hf": _hf_engine,
     "vllm": _vllm_engine,
 }
-"""Rollout engines by ``--engine_type``; each entry must be listed in ``ENGINE_MAX_TP``."""
+"""lrft's own rollout engines, built from their own settings; each must be listed in
+``ENGINE_MAX_TP``. Any other registered engine is built from its :class:`EngineSpec`."""
 
 
-def train_backend(config: TrainConfig) -> TrainBackend:
-    """FSDP2 by default; DeepSpeed ZeRO at ``config.zero_stage`` when it is set."""
-    if config.zero_stage is None:
+def rollout_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> RolloutEngine:
+    """The ``engine_type`` engine serving ``pretrain`` on this rank (collective for TP
+    engines)."""
+    registry.load("rollout", config.engine_type)  # a missing package's error names its extra
+    build = ENGINES.get(config.engine_type)
+    if build is not None:
+        return build(pretrain, config, info)
+    spec = EngineSpec(
+        model_dir=pretrain,
+        device=info.device,
+        dtype=_rollout_dtype(info),
+        tp_size=config.engine_tp_size,
+        max_batch_size=config.micro_rollout_batch_size * config.n_samples_per_prompt,
+        max_model_len=None
+        if config.prompt_max_len is None
+        else config.prompt_max_len + config.generate_max_len,
+        seed=config.seed,
+    )
+    return plugin_engine(config.engine_type, spec)
+
+
+def weight_sync(config: TrainConfig) -> WeightSync:
+    """The ``weight_sync`` sync: lrft's ``direct``, or a registered package's."""
+    if config.weight_sync == "direct":
+        return DirectSync()
+    return plugin_sync(config.weight_sync, WeightSyncSpec(bucket_bytes=DEFAULT_BUCKET_BYTES))
+
+
+def train_backend(config: TrainConfig, info: RankInfo | None = None) -> TrainBackend:
+    """The train backend ``config`` names (:attr:`TrainConfig.train_backend_name`): FSDP2 by
+    default, DeepSpeed ZeRO at ``zero_stage``, or a registered package's (built for ``info``'s
+    rank, torchrun's by default)."""
+    name = config.train_backend_name
+    registry.load("train", name)  # a missing package's error names its extra
+    if name not in ("fsdp2", "deepspeed"):
+        rank = info if info is not None else RankInfo.from_env()
+        return plugin_train_backend(name, TrainBackendSpec(device=rank.device, seed=config.seed))
+    if name == "fsdp2":
         return FSDP2Backend(
             FSDP2Config(
                 cpu_offload=config.fsdp_cpu_offload,
@@ -116,20 +162,17 @@ def train_backend(config: TrainConfig) -> TrainBackend:
 
 
 def build_critic(
-    config: TrainConfig, backend: TrainBackend
+    config: TrainConfig, backend: TrainBackend, schedule: SchedulerConfig | None = None
 ) -> tuple[TrainableModel, frozenset[ModelPart]]:
     """The critic wrapped by ``backend`` (from ``critic_pretrain``, else ``pretrain``), and the
     parts of it that live on the host outside its phases. Collective (``prepare_trainable``)."""
     path = config.critic_pretrain if config.critic_pretrain is not None else config.pretrain
     assert path is not None
-    model = load_critic(path, seed=config.seed)
+    model = load_critic(path, seed=config.seed, attn_implementation=config.attn_implementation)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()  # type: ignore[no-untyped-call]  # unannotated in transformers
     critic = backend.prepare_trainable(
-        model,
-        optimizer=OptimizerConfig(
-            lr=config.critic_lr, weight_decay=config.l2, max_grad_norm=config.max_norm
-        ),
+        model, optimizer=config.optimizer_config(config.critic_lr), scheduler=schedule
     )
     parts: set[ModelPart] = set()
     if config.enable_engine_sleep:
@@ -139,22 +182,6 @@ def build_critic(
         parts.add(ModelPart.OPTIMIZER)
     # A backend that can move nothing (FSDP2 cpu_offload) keeps every part on the host already.
     return critic, frozenset(parts) & backend.capabilities.offload
-
-
-def _data(
-    config: TrainConfig, path: str, tokenizer: PreTrainedTokenizerBase, limit: int | None
-) -> PromptDataset:
-    data = PromptDataConfig(
-        prompt_data=path,
-        input_key=config.input_key,
-        label_key=config.label_key,
-        reference_key=config.reference_key,
-        apply_chat_template=config.apply_chat_template,
-        input_template=config.input_template,
-        max_prompt_length=config.prompt_max_len,
-        max_samples=limit,
-    )
-    return load_prompt_dataset(data, tokenizer)
 
 
 def rollout_sampling(config: TrainConfig, eos_token_id: int | None) -> SamplingParams:
@@ -197,7 +224,18 @@ def experience_maker(
         first_token_temperature=config.first_token_temperature,
         overlong_buffer_len=config.overlong_buffer_len,
         overlong_penalty_factor=config.overlong_factor,
+        reward_clip=config.reward_clip,
+        advantage_clip=config.advantage_clip,
     )
+
+
+def causal_lm(config: TrainConfig) -> PreTrainedModel:
+    """``pretrain`` in fp32 with the configured attention kernel (actor and reference)."""
+    assert config.pretrain is not None
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+        config.pretrain, dtype=torch.float32, attn_implementation=config.attn_implementation
+    )
+    return model
 
 
 def _check_outputs(config: TrainConfig, rank: int) -> None:
@@ -210,8 +248,10 @@ def _check_outputs(config: TrainConfig, rank: int) -> None:
 
 def _check_resume(config: TrainConfig) -> None:
     """A resume's settings against its checkpoint's, once the demo or preset filled them in."""
-    latest = ckpt.latest_checkpoint(Path(config.checkpoint_dir))
-    if config.load_checkpoint and latest is not None:
+    if not config.load_checkpoint:
+        return
+    latest = checkpoint_to_resume(config)
+    if latest is not None:
         check_resume_settings(ckpt.read_manifest(latest), config, latest)
 
 
@@ -219,6 +259,7 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
     """Check the run's folders, settings and files, then start the process group (with the
     configured collective timeout) and its phase watch, and build everything."""
     info = rank_info if rank_info is not None else RankInfo.from_env()
+    import_plugins(config.plugins)
     config.validate_world(info.world_size)
     if config.engine_type == "vllm":
         _engine_memory_share(config, info)  # its ConfigError before any process group starts
@@ -250,36 +291,47 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
     assert config.prompt_data is not None
     torch.manual_seed(config.seed)
     tokenizer = AutoTokenizer.from_pretrained(config.pretrain)
-    train_data = _data(config, config.prompt_data, tokenizer, config.max_samples)
-    eval_data = (
-        None
-        if config.eval_dataset is None
-        else _data(config, config.eval_dataset, tokenizer, config.eval_max_samples)
+    train_data = load_prompts(
+        config,
+        config.prompt_sources,
+        tokenizer,
+        limit=config.max_samples,
+        split=config.prompt_split,
+        probs=config.prompt_data_probs,
     )
+    eval_data = eval_prompts(config, tokenizer)
+    schedule = config.scheduler_config(planned_iterations(config, len(train_data), info))
 
-    backend = train_backend(config)
-    model = AutoModelForCausalLM.from_pretrained(config.pretrain, dtype=torch.float32)
+    backend = train_backend(config, info)
+    model = causal_lm(config)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()  # type: ignore[no-untyped-call]  # unannotated in transformers
     # LoRA: the adapters are part of the model the backend wraps
     trained = model if config.lora is None else apply_lora(model, config.lora)
     actor = backend.prepare_trainable(
         trained,
-        optimizer=OptimizerConfig(
-            lr=config.actor_learning_rate, weight_decay=config.l2, max_grad_norm=config.max_norm
-        ),
+        optimizer=config.optimizer_config(config.actor_learning_rate),
+        scheduler=schedule,
     )
     reference: FrozenModel | None = None
     if config.init_kl_coef > 0 and config.lora is not None:
         reference = AdaptersDisabled(actor)  # the actor's own base: no second copy of it
     elif config.init_kl_coef > 0:
-        frozen = AutoModelForCausalLM.from_pretrained(config.pretrain, dtype=torch.float32)
-        reference = backend.prepare_frozen(frozen)
+        reference = backend.prepare_frozen(causal_lm(config))
     reward = build_reward(config, backend, data_labels([train_data, eval_data]))
     critic, critic_offload = (
-        build_critic(config, backend) if config.uses_critic else (None, frozenset[ModelPart]())
+        build_critic(config, backend, schedule)
+        if config.uses_critic
+        else (None, frozenset[ModelPart]())
     )
-    engine = ENGINES[config.engine_type](config.pretrain, config, info)
+    engine = rollout_engine(config.pretrain, config, info)
+    sync = weight_sync(config)
+    if info.rank == 0:
+        print(
+            f"backends: train {backend.name}, engine {engine.name}, weight sync "
+            f"{config.weight_sync}",
+            flush=True,
+        )
     tp_group = None
     if config.engine_tp_size > 1:
         tp_group = (
@@ -310,7 +362,7 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         actor=actor,
         reference=reference,
         engine=engine,
-        sync=DirectSync(),
+        sync=sync,
         maker=maker,
         train_data=train_data,
         eval_data=eval_data,

@@ -36,10 +36,15 @@ VALUE_HEAD = "score"
 
 
 def load_critic(
-    path: str | Path, *, seed: int, dtype: torch.dtype = torch.float32
+    path: str | Path,
+    *,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str | None = None,
 ) -> PreTrainedModel:
     """The critic for ``path``: a causal LM folder (new value head) or a saved critic.
 
+    ``attn_implementation``: transformers' attention kernel (``None``: its default).
     Raises ``ConfigError`` when the folder's architecture has no token-classification form in
     transformers, or when backbone weights are missing from it.
     """
@@ -58,6 +63,7 @@ def load_critic(
         form="token-classification",
         purpose="the value head",
         seed=seed,
+        attn_implementation=attn_implementation,
     )
 
 

@@ -190,6 +190,10 @@ class ExperienceMaker:
     first_token_temperature: float | None = None
     overlong_buffer_len: int | None = None
     overlong_penalty_factor: float = 1.0
+    reward_clip: float = 0.0
+    """Clip each reward to [-c, c] after normalisation, before the KL penalty (0: off)."""
+    advantage_clip: float = 0.0
+    """Clip each advantage to [-c, c] after the estimator's normalisation (0: off)."""
 
     def generate(
         self, prompts: Sequence[PromptSample], params: SamplingParams
@@ -314,6 +318,8 @@ class ExperienceMaker:
                 all_gather_moments(RunningMoments.from_values(scores))
             )
             shaped = self.reward_moments.normalize(shaped)
+        if self.reward_clip > 0:
+            shaped = shaped.clamp(-self.reward_clip, self.reward_clip)
         batch = RewardBatch.from_sequence_rewards(
             shaped.float(), mask, group_size=self.sampling.n, values=values
         )
@@ -331,12 +337,15 @@ class ExperienceMaker:
         advantages = compute_advantages(
             self.estimator, batch, self.advantage_params, reduce_moments=all_gather_moments
         )
+        per_token = advantages.advantages.float()
+        if self.advantage_clip > 0:
+            per_token = per_token.clamp(-self.advantage_clip, self.advantage_clip)
         return ExperienceBatch(
             sequences=sequences,
             old_logprobs=old_logprobs,
             ref_logprobs=ref_logprobs,
             scores=scores,
-            advantages=advantages.advantages.float(),
+            advantages=per_token,
             metrics=metrics,
             values=values,
             returns=None if values is None else advantages.returns.float(),

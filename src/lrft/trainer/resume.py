@@ -25,6 +25,8 @@ from lrft.api.errors import ConfigError
 if TYPE_CHECKING:
     from attrs import AttrsInstance
 
+    from lrft.trainer.config import TrainConfig
+
 RESUMABLE_SETTINGS = frozenset(
     {
         # where the run reads and writes (the prompts' content is checked by the manifest's
@@ -149,3 +151,56 @@ def check_resume_settings(
             f"logging settings, and the memory and speed settings ({docs})"
         )
     return allowed
+
+
+def checkpoint_to_resume(config: TrainConfig) -> Path | None:
+    """The checkpoint a ``load_checkpoint`` run resumes from: the one ``ckpt_path`` names (it must
+    be complete), else the newest complete one in ``checkpoint_dir``; ``None`` when the run starts
+    from step 0, which only a run whose checkpoint folder was not given may do (a first run of a
+    job resumed with the same command). Raises ``ConfigError`` for a named checkpoint that is not
+    a complete one or has later checkpoints beside it (they would be overwritten), and for a
+    given ``ckpt_path`` holding none."""
+    from lrft.trainer import checkpoint as ckpt
+
+    if config.resume_from is not None:
+        named = Path(config.resume_from)
+        if not (named / ckpt.MANIFEST).is_file():
+            raise ConfigError(
+                f"ckpt_path {config.ckpt_path!r} names a checkpoint that is not a complete lrft "
+                f"checkpoint (no {ckpt.MANIFEST}); the complete ones in {config.checkpoint_dir} "
+                f"are at steps {ckpt.checkpoint_steps(Path(config.checkpoint_dir)) or 'none'}"
+            )
+        step = int(named.name.removeprefix("global_step"))
+        newer = [k for k in ckpt.checkpoint_steps(Path(config.checkpoint_dir)) if k > step]
+        if newer:
+            # The resumed run would write its own checkpoints at those steps, over these.
+            raise ConfigError(
+                f"ckpt_path {config.ckpt_path!r} names step {step}, but the same folder holds "
+                f"later checkpoints at steps {newer}, which the resumed run would overwrite as "
+                "it reaches them: copy the checkpoint into a folder of its own and give that as "
+                "--ckpt_path (with a fresh --save_path), or remove the later ones yourself"
+            )
+        return named
+    latest = ckpt.latest_checkpoint(Path(config.checkpoint_dir))
+    if latest is None and config.ckpt_path is not None:
+        raise ConfigError(
+            f"ckpt_path {config.ckpt_path!r} holds no complete lrft checkpoint "
+            f"(global_step<k>/{ckpt.MANIFEST}) to resume from: give a checkpoint folder or the "
+            "folder holding them (a LightRFT checkpoint, _actor/, cannot be resumed by lrft). "
+            "Without --ckpt_path, --load_checkpoint starts from step 0 when no checkpoint exists "
+            "yet"
+        )
+    return latest
+
+
+def check_schedule(saved: object, now: dict[str, Any], checkpoint: Path) -> None:
+    """Raises ``ConfigError`` when the learning-rate schedule a checkpoint was written with
+    (``saved``; ``None`` for a checkpoint that records none) differs from the resumed run's
+    (``now``): a run's length is resumable, but a warm-up or decay spans the whole run, so
+    another length would bend the curve where the run resumes."""
+    if saved is not None and saved != now:
+        raise ConfigError(
+            f"checkpoint {checkpoint} was written with the learning-rate schedule {saved}, "
+            f"and this run's length makes it {now}: a warm-up or decay spans the whole run, "
+            "so resume with the checkpoint's max_steps and num_episodes"
+        )

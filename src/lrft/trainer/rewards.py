@@ -41,6 +41,7 @@ from lrft.rewards import (
     SequenceClassifierReward,
     Weighted,
 )
+from lrft.rewards.batch_function import BatchFunctionReward, batch_parameters
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.judges import check_judge_folder, load_judge
 from lrft.trainer.recipes import read_recipes, recipe_routes
@@ -49,8 +50,10 @@ REWARDS_EXTRA = "pip install 'lrft[rewards]'"
 
 
 def load_reward(spec: str, reference_key: str | None) -> RewardFn:
-    """``math`` or ``module:function``: a function scoring one ``RewardSample``, or a
-    ``RewardFn`` object (anything with ``name`` and a batch ``__call__``)."""
+    """``math`` or ``module:function``: a function scoring one ``RewardSample``, a function of
+    whole batches with LightRFT's argument names (``reward_fn(responses, labels)``,
+    :mod:`lrft.rewards.batch_function`), or a ``RewardFn`` object (anything with ``name`` and a
+    batch ``__call__``)."""
     if spec == "math":
         if reference_key is None:
             raise ConfigError("--reward_fn math compares with the reference: set --reference_key")
@@ -63,6 +66,9 @@ def load_reward(spec: str, reference_key: str | None) -> RewardFn:
     if isinstance(target, RewardFn):
         return target
     if callable(target):
+        arguments = batch_parameters(target)
+        if arguments is not None:
+            return BatchFunctionReward(name=attribute, score=target, arguments=arguments)
         return PerSampleReward(name=attribute, score=target)
     raise ConfigError(f"--reward_fn {spec!r} is neither a function nor a RewardFn")
 

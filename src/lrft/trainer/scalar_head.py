@@ -35,15 +35,21 @@ def load_with_scalar_head(
     form: str,
     purpose: str,
     seed: int,
+    attn_implementation: str | None = None,
 ) -> PreTrainedModel:
     """``auto_class.from_pretrained(path)`` whose head ``head_name`` is one-output linear: its
     backbone's weights must all load; a head the folder lacks starts from
     :func:`init_value_head`. ``flag`` (the option that named the folder), ``form``
-    (``"token-classification"``) and ``purpose`` (``"the value head"``) word the errors."""
+    (``"token-classification"``) and ``purpose`` (``"the value head"``) word the errors;
+    ``attn_implementation`` is transformers' attention kernel (``None``: its default)."""
     info: dict[str, Any]
     try:
         model, info = auto_class.from_pretrained(
-            path, config=config, dtype=dtype, output_loading_info=True
+            path,
+            config=config,
+            dtype=dtype,
+            output_loading_info=True,
+            attn_implementation=attn_implementation,
         )
     except ValueError as error:
         raise ConfigError(

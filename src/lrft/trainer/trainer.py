@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import lrft
-from lrft.algo import RunningMoments
+from lrft.algo import AdaptiveKLController, KLController, RunningMoments
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, WeightSync
 from lrft.api.types import ModelPart
@@ -31,7 +31,7 @@ from lrft.trainer.outputs import claim_outputs, own_outputs
 from lrft.trainer.policy import PolicyUpdate, needs_old_logprob_pass
 from lrft.trainer.progress import Console
 from lrft.trainer.replay import ReplayBuffer
-from lrft.trainer.resume import check_resume_settings
+from lrft.trainer.resume import check_resume_settings, check_schedule, checkpoint_to_resume
 from lrft.trainer.sampling import Refill, ScoredGroups, continuation_seed, refill_groups
 from lrft.trainer.sequences import pack
 from lrft.trainer.trajectories import TRAJECTORY_DIR, TrajectoryWriter, sample_records
@@ -134,6 +134,8 @@ class RLTrainer:
             max_tokens_per_micro_batch=config.max_tokens_per_micro_batch,
         )
         self.buffer = ReplayBuffer(seed=config.seed)
+        self.kl_control = config.kl_controller()
+        """The KL coefficient in force (adaptive with ``kl_target``), checkpointed."""
         self.metrics = MetricsWriter(
             Path(config.save_path),
             enabled=self.rank == 0,
@@ -167,8 +169,7 @@ class RLTrainer:
 
     @property
     def total_steps(self) -> int:
-        steps = self.config.num_episodes * self.sampler.batches_per_epoch
-        return steps if self.config.max_steps is None else min(steps, self.config.max_steps)
+        return self.config.planned_iterations(self.sampler.batches_per_epoch)
 
     def _say(self, message: str) -> None:
         self.console.say(message)
@@ -290,9 +291,31 @@ class RLTrainer:
             **policy_metrics,
             **(critic_metrics or {}),
             **col.records,
+            **self._kl_coef_metric(),
         }
         with self.watch.phase("metrics"):
-            return mean_over_ranks(local)
+            metrics = mean_over_ranks(local)
+        self._adapt_kl(metrics)
+        return metrics
+
+    def _kl_coef_metric(self) -> dict[str, float]:
+        if self.config.kl_target is None:
+            return {}
+        return {"kl/coef": self.kl_control.value}
+
+    def _adapt_kl(self, metrics: dict[str, float]) -> None:
+        """The adaptive controller's update from this iteration's KL (the ranks' mean, so every
+        rank moves the same way); the next iteration's rewards and loss use the new value."""
+        if self.config.kl_target is None:
+            return
+        self._set_kl_coef(
+            self.kl_control.update(metrics["kl"], n_steps=self.config.samples_per_rollout)
+        )
+
+    def _set_kl_coef(self, control: KLController) -> None:
+        self.kl_control = control
+        self.maker.kl_coef = control.value
+        self.update = attrs.evolve(self.update, kl_coef=control.value)
 
     def _shaping_metrics(self, scores: torch.Tensor, shaped: torch.Tensor) -> dict[str, float]:
         if self.config.overlong_buffer_len is None:
@@ -328,6 +351,8 @@ class RLTrainer:
             "config": redact(self.config.as_dict()),
             "lrft_version": lrft.__version__,
             "reward_moments": attrs.asdict(self.maker.reward_moments),
+            "kl_coef": self.kl_control.value,
+            "lr_schedule": attrs.asdict(self.config.scheduler_config(self.total_steps)),
             "data_fingerprint": self.train_data.fingerprint,
             "world_size": self.world_size,
             ckpt.RUN_ID: self.run_id,
@@ -347,7 +372,7 @@ class RLTrainer:
 
     def resume(self) -> bool:
         """Load the latest complete checkpoint, if any; ``True`` when one was loaded."""
-        latest = ckpt.latest_checkpoint(Path(self.config.checkpoint_dir))
+        latest = checkpoint_to_resume(self.config)
         if latest is None:
             self._say(f"no checkpoint under {self.config.checkpoint_dir}: starting from step 0")
             return False
@@ -361,8 +386,12 @@ class RLTrainer:
                 f"checkpoint {latest} was written for other prompts (data fingerprint "
                 f"{manifest['data_fingerprint']} != {self.train_data.fingerprint})"
             )
+        now = attrs.asdict(self.config.scheduler_config(self.total_steps))
+        check_schedule(manifest.get("lr_schedule"), now, latest)
         self.sampler.load_state_dict(manifest["sampler"])
         self.maker.reward_moments = RunningMoments(**manifest["reward_moments"])
+        if isinstance(self.kl_control, AdaptiveKLController):
+            self._set_kl_coef(attrs.evolve(self.kl_control, value=float(manifest["kl_coef"])))
         self.step = int(manifest["step"])
         saved_run = manifest.get(ckpt.RUN_ID)
         self.run_id = None if saved_run is None else str(saved_run)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from pathlib import Path
@@ -10,14 +11,31 @@ import attrs
 import pytest
 
 from lrft.api.errors import ConfigError
+from lrft.backends import registry
 from lrft.cli import config_from_args, main
 from lrft.cli.flags import FLAGS
-from lrft.trainer.config import HF_DECODE_PATHS, WANDB_SETTINGS, TrainConfig
+from lrft.trainer.config import HF_DECODE_PATHS, WANDB_SETTINGS, TrainConfig, knobs
 from lrft.trainer.demo import DEMO_CRITIC_SETTINGS, DEMO_SETTINGS
 from lrft.trainer.metrics import tensorboard_available
 from lrft.trainer.wandb_metrics import wandb_available
 
 MODEL = ["train", "--pretrain=m", "--prompt_data=p.jsonl", "--reward_fn=math"]
+
+KNOB_VALUES: dict[str, list[str]] = {
+    "lr_scheduler": ["--lr_scheduler=cosine"],
+    "min_lr_ratio": ["--lr_scheduler=cosine", "--min_lr_ratio=0.2"],
+    "adam_betas": ["--adam_betas", "0.9", "0.95"],
+    "kl_target": ["--init_kl_coef=0.1", "--kl_target=0.05"],
+    "kl_horizon": ["--init_kl_coef=0.1", "--kl_target=0.05", "--kl_horizon=20000"],
+    "system_prompt": ["--apply_chat_template", "--system_prompt=x"],
+    "prompt_data_probs": ["--prompt_data=a.jsonl,b.jsonl", "--prompt_data_probs=0.3,0.7"],
+    "eval_split": ["--eval_split=test"],
+    "attn_implementation": ["--attn_implementation=eager"],
+    "train_backend": ["--train_backend=fsdp2"],
+    "weight_sync": ["--plugins=tests.unit._plugins.backends", "--weight_sync=counting"],
+    "plugins": ["--plugins=tests.unit._plugins.algorithms"],
+}
+"""A command line that sets each of these flags away from its default (still valid)."""
 
 
 def test_rollout_samples_must_be_a_multiple_of_train_batch() -> None:
@@ -306,6 +324,7 @@ def _non_default(name: str) -> list[str]:
         "lora_alpha": ["--lora_rank=8", "--lora_alpha=8"],
         "lora_dropout": ["--lora_rank=8", "--lora_dropout=0.1"],
         "target_modules": ["--lora_rank=8", "--target_modules", "q_proj", "v_proj"],
+        **KNOB_VALUES,
     }
     if name in special:
         return special[name]
@@ -324,7 +343,9 @@ def test_every_flag_changes_the_config_and_is_read_by_the_trainer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """No dead flags: each flag changes its field, and each field is read outside the config's
-    fields and checks (its derived values count: they are what the trainer reads)."""
+    fields and checks (its derived values count: they are what the trainer reads). That each
+    new knob changes what the trainer does is tested by its own test (test_knobs.py and
+    tests/trainer)."""
     monkeypatch.setattr("lrft.trainer.config.checks.vllm_available", lambda: True)
     baseline = config_from_args(MODEL)
     for flag in FLAGS:
@@ -342,13 +363,15 @@ def test_every_flag_changes_the_config_and_is_read_by_the_trainer(
         if path.parent.name != "config"
     )
     sources += derived.read_text().split("def engine_memory_share", 1)[1]
+    sources += inspect.getsource(knobs.train_backend_name)  # a derived value
     for flag in FLAGS:
         assert re.search(rf"config\.{flag.name}\b|self\.{flag.name}\b", sources), flag.name
 
 
-def test_engine_type_choices() -> None:
+def test_engine_type_choices_are_the_registered_engines() -> None:
     flag = next(f for f in FLAGS if f.name == "engine_type")
-    assert flag.choices == ("hf", "vllm")
+    assert callable(flag.choices)
+    assert set(flag.choices()) == set(registry.entries("rollout")) >= {"hf", "vllm"}
 
 
 def test_hf_decode_is_refused_with_another_engine(monkeypatch: pytest.MonkeyPatch) -> None:

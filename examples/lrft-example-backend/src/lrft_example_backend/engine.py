@@ -16,6 +16,7 @@ from lrft.api import (
     CapabilityNotSupported,
     EngineCapabilities,
     EnginePart,
+    EngineSpec,
     EngineState,
     GenerationRequest,
     GenerationResult,
@@ -39,6 +40,11 @@ class ExampleEngine:
     ) -> ExampleEngine:
         config = HFEngineConfig(device=device, dtype=dtype)
         return cls(HFRolloutEngine.from_pretrained(model_dir, config=config))
+
+    @classmethod
+    def from_spec(cls, spec: EngineSpec) -> ExampleEngine:
+        """How ``lrft train --engine_type example`` builds it (lrft.api.plugins)."""
+        return cls.from_pretrained(Path(spec.model_dir), device=spec.device, dtype=spec.dtype)
 
     @property
     def name(self) -> str:

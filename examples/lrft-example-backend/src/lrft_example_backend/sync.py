@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lrft.api import RolloutEngine, SyncCapabilities, SyncReport, WeightSource
+from lrft.api import RolloutEngine, SyncCapabilities, SyncReport, WeightSource, WeightSyncSpec
 from lrft.backends.sync import DirectSync
 
 
@@ -11,6 +11,11 @@ class ExampleSync:
 
     def __init__(self, *, bucket_bytes: int, verify: bool = True) -> None:
         self._inner = DirectSync(bucket_bytes=bucket_bytes, verify=verify)
+
+    @classmethod
+    def from_spec(cls, spec: WeightSyncSpec) -> ExampleSync:
+        """How ``lrft train --weight_sync example`` builds it (lrft.api.plugins)."""
+        return cls(bucket_bytes=spec.bucket_bytes, verify=spec.verify)
 
     @property
     def capabilities(self) -> SyncCapabilities:

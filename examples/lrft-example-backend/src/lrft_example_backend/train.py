@@ -8,6 +8,7 @@ from lrft.api import (
     OptimizerConfig,
     SchedulerConfig,
     TrainableModel,
+    TrainBackendSpec,
     TrainCapabilities,
 )
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
@@ -18,6 +19,12 @@ class ExampleTrainBackend:
 
     def __init__(self) -> None:
         self._inner = FSDP2Backend(FSDP2Config(mixed_precision=False))
+
+    @classmethod
+    def from_spec(cls, spec: TrainBackendSpec) -> ExampleTrainBackend:
+        """How ``lrft train --train_backend example`` builds it (lrft.api.plugins); the
+        wrapped backend finds the rank's device itself."""
+        return cls()
 
     @property
     def name(self) -> str:

@@ -359,11 +359,12 @@ def check_observability_settings(config: TrainFields) -> None:
 
 def check_engine_settings(config: TrainFields) -> None:
     """The engine can run at ``engine_tp_size``, is installed, and reads ``engine_mem_util``."""
-    max_tp = ENGINE_MAX_TP[config.engine_type]
+    # A package's engine declares its own (checked once it is built: it is a capability).
+    max_tp = ENGINE_MAX_TP.get(config.engine_type)
     if max_tp is not None and config.engine_tp_size > max_tp:
         raise ConfigError(
             f"engine_tp_size {config.engine_tp_size} exceeds engine {config.engine_type!r}'s "
-            f"maximum tensor-parallel size {max_tp}"
+            f"maximum tensor-parallel size {max_tp} (--engine_type vllm spans a TP group)"
         )
     if config.engine_type == "vllm" and not vllm_available():
         raise ConfigError(

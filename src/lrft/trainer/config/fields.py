@@ -105,7 +105,7 @@ class TrainFields:
     n_samples_per_prompt: int = attrs.field(default=8, validator=f.positive)
     rollout_batch_size: int = attrs.field(default=32, validator=f.positive)
     micro_rollout_batch_size: int = attrs.field(default=16, validator=f.positive)
-    generate_max_len: int = attrs.field(default=8, validator=f.positive)
+    generate_max_len: int = attrs.field(default=1024, validator=f.positive)
     temperature: float = attrs.field(default=1.0, validator=f.positive_float)
     top_p: float = 1.0
     engine_type: str = attrs.field(default="hf", validator=f.engine)
@@ -264,6 +264,58 @@ class TrainFields:
     what one rank may do while the others wait: a longer generation, a reward service's retries
     (checked), a first compile, the rank that writes the export. A stopped or dead rank is
     reported after half of it (60 s at most), see :mod:`lrft.dist.watchdog`."""
+    # the learning-rate schedule and optimizer -----------------------------------------------
+    lr_scheduler: str = attrs.field(default="constant", validator=f.lr_scheduler)
+    """The learning rate after the warm-up: ``constant``; ``linear`` or ``cosine`` decay to
+    ``min_lr_ratio`` x the rate at the run's last optimizer step; ``cosine_with_min_lr``
+    (LightRFT's schedule) is cosine with a floor of 0.1 unless ``min_lr_ratio`` gives another.
+    Applies to the actor and to the critic."""
+    lr_warmup_ratio: float = attrs.field(default=0.0, validator=f.warmup_ratio)
+    """The share of the run's optimizer steps over which the rate rises linearly to its value."""
+    min_lr_ratio: float | None = attrs.field(default=None, validator=f.optional_unit_interval)
+    """The floor of a decaying schedule, as a fraction of the learning rate; unset: 0 (0.1 for
+    ``cosine_with_min_lr``)."""
+    adam_betas: tuple[float, float] = attrs.field(default=(0.9, 0.999), converter=f.beta_pair)
+    """AdamW's (beta1, beta2), for the actor and the critic (LightRFT's default is 0.9 0.95)."""
+    # adaptive KL, reward and advantage clipping ----------------------------------------------
+    kl_target: float | None = attrs.field(default=None, validator=f.optional_positive_float)
+    """Adapt the KL coefficient (starting at ``init_kl_coef``) towards this measured KL per
+    token, by the proportional controller of Ziegler et al. 2019
+    (:class:`lrft.algo.AdaptiveKLController`); unset: the coefficient stays fixed."""
+    kl_horizon: int | None = attrs.field(default=None, validator=f.optional_positive)
+    """The controller's horizon in samples: each iteration moves the coefficient by at most
+    20% x samples / horizon; unset: 10000 (needs ``kl_target``)."""
+    reward_clip: float = attrs.field(default=0.0, validator=f.non_negative)
+    """Clip each reward to [-c, c] after shaping and normalisation (0: off)."""
+    advantage_clip: float = attrs.field(default=0.0, validator=f.non_negative)
+    """Clip each advantage to [-c, c] after the estimator's normalisation (0: off)."""
+    # data ------------------------------------------------------------------------------------
+    system_prompt: str | None = None
+    """A system message put before each prompt's conversation (needs ``apply_chat_template``)."""
+    prompt_data_probs: tuple[float, ...] | None = attrs.field(
+        default=None, converter=f.probabilities
+    )
+    """With several comma-separated ``prompt_data`` sources: the share of each in the mixed
+    training set (:mod:`lrft.data.mixture`); unset: each source as it is, one after another."""
+    prompt_split: str | None = None
+    """The split of a ``datasets`` DatasetDict folder to train on; unset: ``train``."""
+    eval_split: str | None = None
+    """The split held out for evaluation: of ``eval_dataset``, or, with no ``eval_dataset``, of
+    ``prompt_data`` (LightRFT's ``--eval_split test``)."""
+    # kernels, backends by name, plug-ins -----------------------------------------------------
+    attn_implementation: str = attrs.field(default="sdpa", validator=f.attention)
+    """The attention kernel of the trained models (actor, reference, critic, reward models):
+    transformers' ``sdpa``, ``eager``, or ``flash_attention_2`` (needs the flash-attn package
+    and CUDA); LightRFT's ``--flash_attn`` selects ``flash_attention_2``."""
+    train_backend: str | None = attrs.field(default=None, validator=f.backend_name("train"))
+    """The train backend by registered name (:mod:`lrft.backends.registry`): ``fsdp2``,
+    ``deepspeed``, or a package's; unset: ``fsdp2``, or ``deepspeed`` with ``zero_stage``."""
+    weight_sync: str = attrs.field(default="direct", validator=f.backend_name("sync"))
+    """The weight sync by registered name: ``direct``, or a package's."""
+    plugins: tuple[str, ...] = attrs.field(default=(), converter=f.plugin_modules)
+    """Python modules ``lrft train`` imports on every rank before it reads the other settings:
+    what they register (advantage estimators, policy losses, KL estimators, backends) can then
+    be chosen by name."""
 
     @property
     def reward_count(self) -> int:

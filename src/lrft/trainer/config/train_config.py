@@ -12,16 +12,26 @@ rule.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import Any, cast
 
 import attrs
 
-from lrft.algo import AdvantageParams, AggregationMode, PolicyLossConfig, advantage_estimators
+from lrft.algo import (
+    AdaptiveKLController,
+    AdvantageParams,
+    AggregationMode,
+    FixedKLController,
+    KLController,
+    PolicyLossConfig,
+    advantage_estimators,
+)
 from lrft.api.errors import ConfigError
+from lrft.api.optim import OptimizerConfig, ScheduleKind, SchedulerConfig
 from lrft.backends.train.lora import LoraSettings
-from lrft.trainer.config import checks, inputs
+from lrft.trainer.config import checks, inputs, knobs
 from lrft.trainer.config.fields import TrainFields
 
 DEFAULT_GAMMA = 1.0
@@ -32,6 +42,9 @@ DEFAULT_TIS_CAP = 2.0
 DEFAULT_OVERLONG_PENALTY_FACTOR = 1.0
 DEFAULT_FIRE_TEMPERATURE = 10.0
 DEFAULT_MAX_NUM_GEN_BATCHES = 4
+MIN_LR_RATIO_WITH_MIN_LR = 0.1
+"""``cosine_with_min_lr``'s floor when ``min_lr_ratio`` is unset (LightRFT's: a tenth of the
+rate)."""
 DEFAULT_ENGINE_MEM_UTIL = 0.5
 """The vllm engine's share of a device when ``engine_mem_util`` is unset (LightRFT's default):
 the other half stays with training."""
@@ -54,6 +67,7 @@ class TrainConfig(TrainFields):
         checks.check_observability_settings(self)
         checks.check_engine_settings(self)
         checks.check_lora_settings(self)
+        knobs.check_knob_settings(self)
 
     def validate_world(self, world_size: int) -> None:
         """The rules that depend on the number of ranks; raises ``ConfigError`` naming each."""
@@ -101,7 +115,20 @@ class TrainConfig(TrainFields):
 
     @property
     def checkpoint_dir(self) -> str:
+        """The folder holding the run's checkpoints: ``ckpt_path``, its parent when it names one
+        checkpoint (:attr:`resume_from`), else ``SAVE_PATH/checkpoints``."""
+        if self.resume_from is not None:
+            return os.path.dirname(self.resume_from) or "."
         return self.ckpt_path if self.ckpt_path is not None else f"{self.save_path}/checkpoints"
+
+    @property
+    def resume_from(self) -> str | None:
+        """The one checkpoint ``ckpt_path`` names (a ``global_step<k>`` folder), resumed instead
+        of the newest; ``None`` when it names the folder holding them, or is unset."""
+        if self.ckpt_path is None:
+            return None
+        path = self.ckpt_path.rstrip("/")
+        return path if knobs.CHECKPOINT_NAME.fullmatch(os.path.basename(path)) else None
 
     @property
     def samples_per_rollout(self) -> int:
@@ -191,3 +218,63 @@ class TrainConfig(TrainFields):
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
+
+    # --- the optimizer and its schedule, KL control, sources and backends by name -------------
+
+    def optimizer_config(self, lr: float) -> OptimizerConfig:
+        """AdamW at ``lr`` with ``adam_betas``, ``l2`` and ``max_norm`` (actor and critic)."""
+        return OptimizerConfig(
+            lr=lr, betas=self.adam_betas, weight_decay=self.l2, max_grad_norm=self.max_norm
+        )
+
+    def planned_iterations(self, batches_per_epoch: int) -> int:
+        """The iterations of a run whose prompts make ``batches_per_epoch`` rollout batches:
+        ``num_episodes`` passes, at most ``max_steps``."""
+        iterations = self.num_episodes * batches_per_epoch
+        return iterations if self.max_steps is None else min(iterations, self.max_steps)
+
+    @property
+    def optimizer_steps_per_iteration(self) -> int:
+        """Optimizer steps of one iteration: ``max_epochs`` passes over its samples in
+        ``train_batch_size`` steps."""
+        return self.samples_per_rollout // self.train_batch_size * self.max_epochs
+
+    def scheduler_config(self, iterations: int) -> SchedulerConfig:
+        """The learning-rate schedule over a run of ``iterations`` iterations; raises
+        ``ConfigError`` when a decaying schedule has no step left after its warm-up."""
+        total = iterations * self.optimizer_steps_per_iteration
+        warmup = math.ceil(total * self.lr_warmup_ratio)
+        with_min_lr = self.lr_scheduler == "cosine_with_min_lr"
+        kind: ScheduleKind = "cosine" if with_min_lr else cast("ScheduleKind", self.lr_scheduler)
+        floor = self.min_lr_ratio
+        if floor is None:
+            floor = MIN_LR_RATIO_WITH_MIN_LR if with_min_lr else 0.0
+        if kind != "constant" and total <= warmup:
+            raise ConfigError(
+                f"lr_scheduler {self.lr_scheduler!r} decays over the run's {total} optimizer "
+                f"steps after {warmup} warm-up steps (lr_warmup_ratio {self.lr_warmup_ratio}), "
+                "which leaves none to decay over: train longer or lower lr_warmup_ratio"
+            )
+        return SchedulerConfig(
+            kind=kind,
+            warmup_steps=warmup,
+            total_steps=None if kind == "constant" else total,
+            min_lr_ratio=floor,
+        )
+
+    def kl_controller(self) -> KLController:
+        """The KL coefficient: adaptive towards ``kl_target`` when set, else ``init_kl_coef``."""
+        if self.kl_target is None:
+            return FixedKLController(value=self.init_kl_coef)
+        horizon = knobs.DEFAULT_KL_HORIZON if self.kl_horizon is None else self.kl_horizon
+        return AdaptiveKLController(value=self.init_kl_coef, target=self.kl_target, horizon=horizon)
+
+    @property
+    def prompt_sources(self) -> tuple[str, ...]:
+        """The training prompt sources (``prompt_data`` holds them comma-separated)."""
+        return knobs.prompt_sources(self.prompt_data)
+
+    @property
+    def train_backend_name(self) -> str:
+        """The registered train backend this config trains with (see ``train_backend``)."""
+        return knobs.train_backend_name(self)

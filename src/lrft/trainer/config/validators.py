@@ -17,8 +17,10 @@ import attrs
 from lrft.algo import AGGREGATION_MODES, advantage_estimators, kl_estimators, policy_losses
 from lrft.api.errors import ConfigError
 from lrft.api.validators import optional, positive_int
+from lrft.backends import registry
+from lrft.backends.registry import Kind
 from lrft.redaction import redact
-from lrft.trainer.config.choices import ENGINE_MAX_TP, HF_DECODE_PATHS, PRESET_NAMES
+from lrft.trainer.config.choices import HF_DECODE_PATHS, PRESET_NAMES
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """What an environment variable's name may be (``remote_rm_auth_env`` holds names, not tokens)."""
@@ -119,11 +121,9 @@ def aggregation(_: object, attribute: attrs.Attribute[Any], value: str | None) -
         )
 
 
-def engine(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
-    if value not in ENGINE_MAX_TP:
-        raise ConfigError(
-            f"{attribute.name} {value!r} is unknown; choose one of {list(ENGINE_MAX_TP)}"
-        )
+def engine(instance: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    # Any registered rollout engine: lrft's own, and those installed packages declare.
+    backend_name("rollout")(instance, attribute, value)
 
 
 def hf_decode(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
@@ -262,3 +262,85 @@ def module_names(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     if not names:
         raise ConfigError(f"target_modules must name at least one module, got {value!r}")
     return names
+
+
+# the learning-rate schedule, KL control, data mixing, backends by name, plug-ins --------------
+
+LR_SCHEDULERS = ("constant", "linear", "cosine", "cosine_with_min_lr")
+"""``lr_scheduler``'s choices; ``cosine_with_min_lr`` is LightRFT's (cosine to a floor of 0.1)."""
+ATTENTION_KERNELS = ("sdpa", "eager", "flash_attention_2")
+"""``attn_implementation``'s choices: transformers' names for the training models' attention."""
+
+
+def lr_scheduler(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value not in LR_SCHEDULERS:
+        raise ConfigError(
+            f"{attribute.name} {value!r} is unknown; choose one of {', '.join(LR_SCHEDULERS)}"
+        )
+
+
+def warmup_ratio(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not _is_number(value) or not 0.0 <= value < 1.0:
+        raise ConfigError(
+            f"{attribute.name} must be in [0, 1) (the share of the run's optimizer steps spent "
+            f"warming up), got {value!r}"
+        )
+
+
+def attention(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value not in ATTENTION_KERNELS:
+        raise ConfigError(
+            f"{attribute.name} {value!r} is unknown; choose one of {', '.join(ATTENTION_KERNELS)}"
+        )
+
+
+def beta_pair(value: object) -> tuple[float, float]:
+    """``adam_betas`` as two floats, each in [0, 1)."""
+    numbers = isinstance(value, list | tuple) and len(value) == 2 and all(map(_is_number, value))
+    if not numbers:
+        raise ConfigError(f"adam_betas must be two numbers BETA1 BETA2, got {value!r}")
+    assert isinstance(value, list | tuple)
+    betas = (float(value[0]), float(value[1]))
+    if not all(0.0 <= beta < 1.0 for beta in betas):
+        raise ConfigError(f"adam_betas must each be in [0, 1), got {betas}")
+    return betas
+
+
+def probabilities(value: str | list[float] | tuple[float, ...] | None) -> tuple[float, ...] | None:
+    """``prompt_data_probs``: LightRFT's comma-separated string or a list; each > 0, sum 1."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        probs = tuple(float(item) for item in items)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"prompt_data_probs {value!r} must be numbers: {error}") from error
+    if not probs or not all(math.isfinite(p) and p > 0 for p in probs):
+        raise ConfigError(f"prompt_data_probs {value!r} must be numbers > 0")
+    if abs(sum(probs) - 1.0) > 1e-6:
+        raise ConfigError(f"prompt_data_probs {value!r} must sum to 1, got {sum(probs):g}")
+    return probs
+
+
+def plugin_modules(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """``plugins``: Python module names, comma-separated or a list."""
+    names = _items(value, "plugins")
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ConfigError(f"plugins entry {name!r} is not a Python module name (a.b.c)")
+    return names
+
+
+def backend_name(kind: Kind) -> Any:
+    """A validator: the value names a ``kind`` backend known to :mod:`lrft.backends.registry`
+    (built-in, registered, or an installed package's entry point)."""
+
+    def check(_: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+        if value is None or registry.is_known(kind, value):
+            return
+        raise ConfigError(
+            f"{attribute.name} {value!r} is unknown; known: {', '.join(registry.entries(kind))} "
+            f"(a package adds one under the entry-point group {registry.ENTRY_POINT_GROUPS[kind]!r})"
+        )
+
+    return check
