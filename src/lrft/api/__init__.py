@@ -1,5 +1,6 @@
 """lrft's typed contracts: Protocols, value types, capabilities, errors and the definition of a
-tensor digest (torch only), and the multi-turn contracts (environments, tools)."""
+tensor digest (torch only), the multimodal inputs (images, audio), and the multi-turn contracts
+(environments, tools)."""
 
 from lrft.api.capabilities import (
     EngineCapabilities,
@@ -29,6 +30,7 @@ from lrft.api.errors import (
     WeightLoadError,
     WeightSyncError,
 )
+from lrft.api.media import MODALITIES, AudioClip, MediaInputs, Modality, ProcessedMedia
 from lrft.api.optim import OptimizerConfig, SchedulerConfig
 from lrft.api.protocols import (
     FrozenModel,
@@ -59,6 +61,8 @@ from lrft.api.types import (
 )
 
 __all__ = [
+    "MODALITIES",
+    "AudioClip",
     "CapabilityNotSupported",
     "ChatMessage",
     "CollectiveTimeout",
@@ -80,11 +84,14 @@ __all__ = [
     "InPlaceWeightLoader",
     "Location",
     "LrftError",
+    "MediaInputs",
+    "Modality",
     "ModelPart",
     "ModelTurn",
     "NamedTensors",
     "OptimizerConfig",
     "Placement",
+    "ProcessedMedia",
     "RolloutEngine",
     "SamplingParams",
     "SchedulerConfig",

@@ -45,8 +45,8 @@ from lrft.testing.conformance._rollout_generation_checks import (
     check_greedy_logprobs,
     check_greedy_matches_reference,
     check_max_new_tokens,
+    check_media_gated,
     check_min_new_tokens,
-    check_multimodal_gated,
     check_protocol_surface,
     check_stop_token_ids,
     check_uneven_requests,
@@ -108,8 +108,8 @@ __all__ = [
     "check_load_other_weights",
     "check_load_tied_weights",
     "check_max_new_tokens",
+    "check_media_gated",
     "check_min_new_tokens",
-    "check_multimodal_gated",
     "check_n_samples",
     "check_outputs_follow_every_load",
     "check_protocol_surface",
@@ -207,8 +207,8 @@ class RolloutEngineSuite(RolloutEngineHooks[E]):
     ) -> None:
         self.run_check(pool, check_uneven_requests, engine_models)
 
-    def test_multimodal_needs_capability(self, pool: RankPool, engine_models: EngineModels) -> None:
-        self.run_check(pool, check_multimodal_gated, engine_models)
+    def test_media_need_capability(self, pool: RankPool, engine_models: EngineModels) -> None:
+        self.run_check(pool, check_media_gated, engine_models)
 
     def test_request_caps(self, pool: RankPool, engine_models: EngineModels) -> None:
         self.run_check(pool, check_request_caps, engine_models)
