@@ -108,6 +108,10 @@ def _int_tuple(values: Any) -> tuple[int, ...]:
     return tuple(int(x) for x in values)
 
 
+def _counts(values: Mapping[str, int]) -> Mapping[str, int]:
+    return MappingProxyType(dict(values))
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class ProcessedMedia:
     """What the model's processor made of one prompt with its media.
@@ -128,9 +132,7 @@ class ProcessedMedia:
     token_tensors: Mapping[str, torch.Tensor] = attrs.field(
         factory=lambda: MappingProxyType({}), converter=_tensors
     )
-    counts: Mapping[str, int] = attrs.field(
-        factory=lambda: MappingProxyType({}), converter=lambda c: MappingProxyType(dict(c))
-    )
+    counts: Mapping[str, int] = attrs.field(factory=lambda: MappingProxyType({}), converter=_counts)
 
     def __attrs_post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -175,7 +177,7 @@ class MediaInputs:
                     f"{raw[modality]}: they must describe the same items"
                 )
 
-    def raw_counts(self) -> dict[Modality, int]:
+    def raw_counts(self) -> dict[str, int]:
         return {"images": len(self.images), "audio": len(self.audio)}
 
     def count(self, modality: Modality) -> int:
