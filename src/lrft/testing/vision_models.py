@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen2VLConfig
 
 from lrft.testing.models import INITIALIZER_RANGE
+
+if TYPE_CHECKING:
+    from PIL.Image import Image as PILImage
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
@@ -162,3 +165,12 @@ def save_tiny_vlm(directory: Path, seed: int = 0, **heads: int) -> Path:
     model.save_pretrained(directory)
     save_processor_files(directory, vlm_tokenizer())
     return directory
+
+
+def noise_image(seed: int, width: int, height: int) -> PILImage:
+    """An RGB image of uniform noise, the same for the same seed and size."""
+    from PIL import Image
+
+    generator = torch.Generator().manual_seed(seed)
+    pixels = torch.randint(0, 256, (height, width, 3), dtype=torch.uint8, generator=generator)
+    return Image.fromarray(pixels.numpy(), mode="RGB")

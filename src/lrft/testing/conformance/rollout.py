@@ -65,6 +65,12 @@ from lrft.testing.conformance._rollout_load_checks import (
     check_outputs_follow_every_load,
     check_weight_update_stream,
 )
+from lrft.testing.conformance._rollout_media_checks import (
+    check_image_batch_independence,
+    check_image_greedy_matches_reference,
+    check_image_outputs_survive_the_lifecycle,
+    check_images_change_the_output,
+)
 from lrft.testing.conformance._rollout_sampling_checks import (
     check_n_samples,
     check_sampled_logprobs,
@@ -96,6 +102,10 @@ __all__ = [
     "check_digest_matches_backdoor",
     "check_greedy_logprobs",
     "check_greedy_matches_reference",
+    "check_image_batch_independence",
+    "check_image_greedy_matches_reference",
+    "check_image_outputs_survive_the_lifecycle",
+    "check_images_change_the_output",
     "check_in_place_capability_matches_loader",
     "check_in_place_load_serves_what_was_written",
     "check_in_place_loader_refuses_misuse",
@@ -212,6 +222,24 @@ class RolloutEngineSuite(RolloutEngineHooks[E]):
 
     def test_request_caps(self, pool: RankPool, engine_models: EngineModels) -> None:
         self.run_check(pool, check_request_caps, engine_models)
+
+    # --- media (engines that declare images) ------------------------------------------------
+
+    def test_image_greedy_matches_reference(
+        self, pool: RankPool, engine_models: EngineModels
+    ) -> None:
+        self.run_check(pool, check_image_greedy_matches_reference, engine_models)
+
+    def test_images_change_the_output(self, pool: RankPool, engine_models: EngineModels) -> None:
+        self.run_check(pool, check_images_change_the_output, engine_models)
+
+    def test_image_batch_independence(self, pool: RankPool, engine_models: EngineModels) -> None:
+        self.run_check(pool, check_image_batch_independence, engine_models)
+
+    def test_image_outputs_survive_the_lifecycle(
+        self, pool: RankPool, engine_models: EngineModels
+    ) -> None:
+        self.run_check(pool, check_image_outputs_survive_the_lifecycle, engine_models)
 
     # --- memory states ---------------------------------------------------------------------
 
