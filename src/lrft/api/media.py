@@ -18,7 +18,7 @@ that exists changes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
@@ -150,6 +150,20 @@ class ProcessedMedia:
                     f"{modality!r}: {count!r}"
                 )
 
+    def continued(self, tokens: Sequence[int]) -> ProcessedMedia:
+        """The same media after a prompt extended by text ``tokens`` (a continuation request:
+        a prompt and the first tokens of its response); per-token tensors get zeros (text)."""
+        extra = len(tokens)
+        return ProcessedMedia(
+            prompt_token_ids=(*self.prompt_token_ids, *tokens),
+            tensors=self.tensors,
+            token_tensors={
+                name: torch.cat([values, values.new_zeros(extra)])
+                for name, values in self.token_tensors.items()
+            },
+            counts=self.counts,
+        )
+
 
 @attrs.frozen(kw_only=True, eq=False)
 class MediaInputs:
@@ -186,6 +200,12 @@ class MediaInputs:
         if raw or self.processed is None:
             return raw
         return int(self.processed.counts.get(modality, 0))
+
+    def continued(self, tokens: Sequence[int]) -> MediaInputs:
+        """These media after the prompt extended by text ``tokens`` (see
+        :meth:`ProcessedMedia.continued`)."""
+        processed = None if self.processed is None else self.processed.continued(tokens)
+        return MediaInputs(images=self.images, audio=self.audio, processed=processed)
 
     @property
     def modalities(self) -> frozenset[Modality]:

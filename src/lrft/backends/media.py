@@ -6,7 +6,7 @@ engine's generation and the trainer's logprobs see the same inputs and the same 
 
 - :func:`media_modalities` says what a model takes (a vision tower: ``images``; an audio
   tower: ``audio``), :func:`load_generative_model` loads a folder as the model class that
-  generates from its media;
+  generates from its media, :func:`freeze_vision_tower` stops training its vision tower;
 - :class:`MediaBatch` lays out the media of a batch of rows: the rows' media tensors
   concatenated along dimension 0 (each row's :class:`~lrft.api.ProcessedMedia` in row order; a
   row without media adds nothing) and their per-token tensors placed where each row's prompt
@@ -70,32 +70,79 @@ def placeholder_token_ids(model: torch.nn.Module) -> tuple[int, ...]:
     return tuple(sorted(int(i) for i in ids if isinstance(i, int) and i >= 0))
 
 
-def load_generative_model(
-    directory: str | os.PathLike[str], *, dtype: torch.dtype | str
-) -> torch.nn.Module:
-    """The folder's model as the class that generates text: a causal LM, or for a model with a
-    vision tower its image-text-to-text class, for one with an audio tower its multimodal LM."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(directory)
-    loader: Any = AutoModelForCausalLM
+def generative_model_class(config: Any) -> Any:
+    """The transformers auto class that builds ``config``'s model as one generating text: a
+    causal LM, or for a model with a vision tower its image-text-to-text class, for one with an
+    audio tower its multimodal LM class."""
     if getattr(config, "vision_config", None) is not None:
         from transformers import AutoModelForImageTextToText
 
-        loader = AutoModelForImageTextToText
-    elif getattr(config, "audio_config", None) is not None:
+        return AutoModelForImageTextToText
+    if getattr(config, "audio_config", None) is not None:
         from transformers import AutoModelForMultimodalLM
 
-        loader = AutoModelForMultimodalLM
+        return AutoModelForMultimodalLM
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM
+
+
+def load_generative_model(
+    directory: str | os.PathLike[str], *, dtype: torch.dtype | str
+) -> torch.nn.Module:
+    """The folder's model, built by :func:`generative_model_class`."""
+    from transformers import AutoConfig
+
+    loader = generative_model_class(AutoConfig.from_pretrained(directory))
     model: torch.nn.Module = loader.from_pretrained(directory, dtype=dtype)
     return model
 
 
+# Children of a vision tower that project its features into the language model's space: they
+# keep training when the tower is frozen.
+_PROJECTORS = ("merger",)
+_TOWERS = ("visual", "vision_tower", "vision_model")
+
+
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model's vision tower (``model.visual`` of Qwen2-VL), or ``None`` without one."""
+    inner = getattr(model, "module", model)
+    for owner in (inner, getattr(inner, "model", None)):
+        for name in _TOWERS:
+            tower = getattr(owner, name, None)
+            if isinstance(tower, torch.nn.Module):
+                return tower
+    return None
+
+
+def freeze_vision_tower(model: torch.nn.Module) -> list[str]:
+    """Stop training the vision tower's own weights (its projector, ``merger``, still trains);
+    returns the frozen parameters' names, relative to the tower. ``ValueError`` without one."""
+    tower = vision_tower(model)
+    if tower is None:
+        raise ValueError(f"{type(model).__name__} has no vision tower to freeze")
+    frozen = []
+    for name, parameter in tower.named_parameters():
+        if name.split(".", 1)[0] in _PROJECTORS:
+            continue
+        parameter.requires_grad_(False)
+        frozen.append(name)
+    return frozen
+
+
 def media_patches(media: ProcessedMedia | None) -> int:
-    """The rows of a prompt's media encoder inputs (image patches, audio frames), 0 without."""
+    """The positions a prompt's media encoder reads (0 without media): its largest input, in
+    rows of a 2-D input (Qwen2-VL's ``pixel_values``: patches) or items x last dimension of a
+    larger one (``input_features``: clips x frames); 1-D and metadata-sized inputs
+    (``image_grid_thw``) are smaller than the input they describe."""
     if media is None:
         return 0
-    return sum(int(tensor.shape[0]) for tensor in media.tensors.values() if tensor.dim() >= 2)
+    sizes = [
+        int(t.shape[0]) if t.dim() == 2 else int(t.shape[0] * t.shape[-1])
+        for t in media.tensors.values()
+        if t.dim() >= 2
+    ]
+    return max(sizes, default=0)
 
 
 @attrs.frozen(kw_only=True, eq=False)

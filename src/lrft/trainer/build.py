@@ -15,15 +15,17 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 from torch.distributed import ProcessGroup
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from lrft.api.errors import ConfigError
 from lrft.api.optim import OptimizerConfig
 from lrft.api.protocols import RolloutEngine, TrainableModel, TrainBackend
 from lrft.api.types import ModelPart, SamplingParams
+from lrft.backends.media import freeze_vision_tower, load_generative_model
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync.direct import DirectSync
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
-from lrft.data import PromptDataConfig, PromptDataset, load_prompt_dataset
+from lrft.data import MediaProcessor, PromptDataConfig, PromptDataset, load_prompt_dataset
 from lrft.dist import PhaseWatch, RankInfo, RolloutLayout, init_distributed
 from lrft.rewards import RewardFn
 from lrft.trainer import checkpoint as ckpt
@@ -141,7 +143,11 @@ def build_critic(
 
 
 def _data(
-    config: TrainConfig, path: str, tokenizer: PreTrainedTokenizerBase, limit: int | None
+    config: TrainConfig,
+    path: str,
+    tokenizer: PreTrainedTokenizerBase,
+    limit: int | None,
+    processor: MediaProcessor | None = None,
 ) -> PromptDataset:
     data = PromptDataConfig(
         prompt_data=path,
@@ -152,8 +158,24 @@ def _data(
         input_template=config.input_template,
         max_prompt_length=config.prompt_max_len,
         max_samples=limit,
+        # media (vision-language models)
+        images_key=config.images_key,
+        limit_mm_image_per_prompt=config.limit_mm_image_per_prompt,
+        max_image_pixels=config.max_image_pixels,
     )
-    return load_prompt_dataset(data, tokenizer)
+    return load_prompt_dataset(data, tokenizer, processor)
+
+
+def _policy_model(config: TrainConfig) -> torch.nn.Module:
+    """The actor's initial model, in fp32, prepared as ``config`` says (gradient
+    checkpointing; a frozen vision tower)."""
+    assert config.pretrain is not None
+    model = load_generative_model(config.pretrain, dtype=torch.float32)
+    if config.freeze_vision_tower:
+        freeze_vision_tower(model)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()  # type: ignore[operator]  # a transformers model, typed as a plain Module
+    return model
 
 
 def rollout_sampling(config: TrainConfig, eos_token_id: int | None) -> SamplingParams:
@@ -225,7 +247,12 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
     if config.preset is not None:
         config = preset_config(config, info.rank)
     elif config.pretrain is None:
-        config = demo.demo_config(config, info.rank)
+        config = demo.chosen_demo_config(config, info.rank)
+    elif config.demo != "addition":
+        raise ConfigError(
+            f"demo {config.demo!r} runs only when no pretrain is given (it brings its own "
+            f"model and data), but pretrain is {config.pretrain!r}"
+        )
     assert config.pretrain is not None
     assert config.prompt_data is not None
     config.validate_inputs()
@@ -247,18 +274,23 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
     assert config.pretrain is not None
     assert config.prompt_data is not None
     torch.manual_seed(config.seed)
-    tokenizer = AutoTokenizer.from_pretrained(config.pretrain)
-    train_data = _data(config, config.prompt_data, tokenizer, config.max_samples)
+    # A vision-language model's prompts are formatted by its own processor (which holds its
+    # tokenizer): the images' placeholders and their expansion are the model's.
+    processor = (
+        None if config.images_key is None else MediaProcessor.from_pretrained(config.pretrain)
+    )
+    tokenizer = (
+        AutoTokenizer.from_pretrained(config.pretrain) if processor is None else processor.tokenizer
+    )
+    train_data = _data(config, config.prompt_data, tokenizer, config.max_samples, processor)
     eval_data = (
         None
         if config.eval_dataset is None
-        else _data(config, config.eval_dataset, tokenizer, config.eval_max_samples)
+        else _data(config, config.eval_dataset, tokenizer, config.eval_max_samples, processor)
     )
 
     backend = train_backend(config)
-    model = AutoModelForCausalLM.from_pretrained(config.pretrain, dtype=torch.float32)
-    if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()  # type: ignore[no-untyped-call]  # unannotated in transformers
+    model = _policy_model(config)
     actor = backend.prepare_trainable(
         model,
         optimizer=OptimizerConfig(
@@ -267,7 +299,7 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
     )
     reference = None
     if config.init_kl_coef > 0:
-        frozen = AutoModelForCausalLM.from_pretrained(config.pretrain, dtype=torch.float32)
+        frozen = load_generative_model(config.pretrain, dtype=torch.float32)
         reference = backend.prepare_frozen(frozen)
     reward = build_reward(config, backend, data_labels([train_data, eval_data]))
     critic, critic_offload = (

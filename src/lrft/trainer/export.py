@@ -7,13 +7,22 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerBase
+from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from lrft.api.protocols import WeightSource
+from lrft.backends.media import generative_model_class
 
 EXPORT_BUCKET_BYTES = 64 * 2**20
 HF_MODEL_DIR = "hf_model"
 """The exported model's folder under ``SAVE_PATH``; written as ``.tmp-hf_model`` first."""
+PROCESSOR_FILES = (
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+"""A vision-language model's processor files, copied from the pretrained folder as they are."""
 
 
 def export_hf(
@@ -23,7 +32,8 @@ def export_hf(
     tokenizer: PreTrainedTokenizerBase,
     directory: Path,
 ) -> None:
-    """Write ``source``'s weights with ``pretrained``'s config and the tokenizer. Collective.
+    """Write ``source``'s weights with ``pretrained``'s config, the tokenizer and (for a
+    vision-language model) the processor's files. Collective.
 
     Every rank iterates ``full_weights``; rank 0 alone writes, to a temporary name renamed when
     complete. Weights come only from ``full_weights``, whatever the backend.
@@ -36,7 +46,7 @@ def export_hf(
     if rank == 0:
         config = AutoConfig.from_pretrained(pretrained)
         dtype = next(iter(state.values())).dtype
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]  # transformers leaves from_config unannotated
+        model = generative_model_class(config).from_config(config, dtype=dtype)
         missing, unexpected = model.load_state_dict(state, strict=False)
         tied = {name for name, _ in model.named_parameters(remove_duplicate=False)} - set(
             dict(model.named_parameters())
@@ -50,6 +60,9 @@ def export_hf(
         shutil.rmtree(temporary, ignore_errors=True)
         model.save_pretrained(temporary)
         tokenizer.save_pretrained(temporary)
+        for name in PROCESSOR_FILES:
+            if (Path(pretrained) / name).is_file():
+                shutil.copyfile(Path(pretrained) / name, temporary / name)
         shutil.rmtree(directory, ignore_errors=True)
         temporary.rename(directory)
     if dist.is_initialized():

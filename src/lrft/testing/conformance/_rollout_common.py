@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
 from lrft.api import (
+    CapabilityNotSupported,
     FinishReason,
     GenerationRequest,
     GenerationResult,
@@ -202,6 +203,8 @@ def ready_engine(
     concern = f"setting up {_RUNNING or 'a check'} on a fresh engine of {suite.__name__}"
     try:
         engine: RolloutEngine = suite.make_engine(folder, device)
+    except CapabilityNotSupported:
+        raise  # an engine that cannot serve this model at all says so: the check may skip
     except Exception as error:
         raise AssertionError(
             f"{concern}: make_engine({str(folder)!r}, {device}) raised "

@@ -330,6 +330,26 @@ def check_engine_settings(config: TrainFields) -> None:
         )
 
 
+def check_media_settings(config: TrainFields) -> None:
+    """The media settings need what they act on: images need the chat template, the image limit
+    needs images."""
+    if config.images_key is not None and not config.apply_chat_template:
+        raise ConfigError(
+            f"images_key {config.images_key!r} needs apply_chat_template: the model's chat "
+            "template writes the image placeholders its processor expands"
+        )
+    if config.limit_mm_image_per_prompt is not None and config.images_key is None:
+        raise ConfigError(
+            f"limit_mm_image_per_prompt {config.limit_mm_image_per_prompt} needs images_key "
+            "(without it no prompt has images)"
+        )
+    if config.demo != "addition" and config.preset is not None:
+        raise ConfigError(
+            f"demo {config.demo!r} runs only when no preset (and no pretrain) is given: it brings "
+            "its own model and data"
+        )
+
+
 def validate_world(config: TrainFields, world_size: int) -> None:
     """See :meth:`lrft.trainer.config.TrainConfig.validate_world`."""
     if world_size % config.engine_tp_size:

@@ -52,6 +52,7 @@ class TrainConfig(TrainFields):
         checks.check_policy_loss(self, self.policy_loss_config())
         checks.check_observability_settings(self)
         checks.check_engine_settings(self)
+        checks.check_media_settings(self)
 
     def validate_world(self, world_size: int) -> None:
         """The rules that depend on the number of ranks; raises ``ConfigError`` naming each."""

@@ -44,13 +44,28 @@ from nothing, and at this rate its value loss falls about fourfold within the 40
 
 
 def demo_settings(values: Mapping[str, object]) -> dict[str, object]:
-    """The demo's defaults for a command line whose own settings are ``values``."""
+    """The demo's defaults for a command line whose own settings are ``values`` (the vision
+    demo's with ``demo`` ``vision``)."""
+    if values.get("demo") == "vision":
+        from lrft.trainer.demo.vision.settings import VISION_DEMO_SETTINGS
+
+        return dict(VISION_DEMO_SETTINGS)
     estimator = values.get(
         "advantage_estimator", attrs.fields_dict(TrainConfig)["advantage_estimator"].default
     )
     if isinstance(estimator, str) and estimator in value_based_estimators():
         return {**DEMO_SETTINGS, **DEMO_CRITIC_SETTINGS}
     return dict(DEMO_SETTINGS)
+
+
+def chosen_demo_config(config: TrainConfig, rank: int) -> TrainConfig:
+    """``config`` with the files of the demo ``config.demo`` names (see :func:`demo_config`)."""
+    if config.demo == "vision":
+        # imported here: the vision demo draws its images with Pillow, an optional dependency
+        from lrft.trainer.demo.vision.settings import vision_demo_config
+
+        return vision_demo_config(config, rank)
+    return demo_config(config, rank)
 
 
 def demo_config(config: TrainConfig, rank: int) -> TrainConfig:
