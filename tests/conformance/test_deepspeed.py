@@ -29,6 +29,7 @@ from lrft.backends.train.deepspeed import (
 from lrft.testing.conformance.sync import WeightSyncSuite
 from lrft.testing.conformance.train import TrainBackendSuite
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
+from lrft.testing.lora import LoraTrainModels
 
 
 def _backend(stage: ZeroStage) -> DeepSpeedBackend:
@@ -133,6 +134,21 @@ class TestZero3PersistentSmallParametersWorld2(DeepSpeedSuite):
     @classmethod
     def make_backend(cls) -> DeepSpeedBackend:
         return DeepSpeedBackend(DeepSpeedConfig(zero_stage=3, mixed_precision=False))
+
+
+class TestZero3LoraWorld1(LoraTrainModels, DeepSpeedSuite):
+    zero_stage = 3
+    world_size = 1
+
+
+class TestZero3LoraWorld2(LoraTrainModels, DeepSpeedSuite):
+    zero_stage = 3
+    world_size = 2
+
+
+class TestZero2LoraWorld2(LoraTrainModels, DeepSpeedSuite):
+    zero_stage = 2
+    world_size = 2
 
 
 class DeepSpeedSyncSuite(WeightSyncSuite[DirectSync]):

@@ -1,5 +1,6 @@
 """``direct`` weight sync from the fsdp2 backend into the hf engine, at world sizes 1, 2 and 4,
-and unverified (``verify=False``, which declares no ``verifies_digest``) at world 1."""
+unverified (``verify=False``, which declares no ``verifies_digest``) at world 1, and from a LoRA
+source (merged weights, changes only) at world 1 and 2, verified and not."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
-from lrft.api import RolloutEngine
+from lrft.api import RolloutEngine, TrainableModel
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync import DirectSync
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
 from lrft.testing.conformance.sync import WeightSyncSuite
+from lrft.testing.lora import LoraSyncModels
 
 
 class DirectSyncSuite(WeightSyncSuite[DirectSync]):
@@ -36,6 +39,16 @@ class DirectSyncSuite(WeightSyncSuite[DirectSync]):
         assert isinstance(engine, HFRolloutEngine)
         return dict(engine.model.named_parameters())
 
+    @classmethod
+    def source_parameters(cls, source: TrainableModel) -> Mapping[str, torch.Tensor]:
+        return {name: fsdp2_full(p) for name, p in source.module.named_parameters()}
+
+
+@torch.no_grad()
+def fsdp2_full(param: torch.Tensor) -> torch.Tensor:
+    """An FSDP2 parameter at full shape (collective for a sharded one)."""
+    return param.full_tensor() if isinstance(param, DTensor) else param.detach()
+
 
 class TestDirectSyncWorld1(DirectSyncSuite):
     world_size = 1
@@ -53,6 +66,22 @@ class TestDirectSyncUnverifiedWorld1(DirectSyncSuite):
     """Without verification: each bucket goes to the engine as gathered and the report says
     ``verified=False`` (the corruption tests skip: the sync declares no verifies_digest)."""
 
+    world_size = 1
+
+    @classmethod
+    def make_sync(cls, bucket_bytes: int) -> DirectSync:
+        return DirectSync(bucket_bytes=bucket_bytes, verify=False)
+
+
+class TestDirectSyncLoraWorld1(LoraSyncModels, DirectSyncSuite):
+    world_size = 1
+
+
+class TestDirectSyncLoraWorld2(LoraSyncModels, DirectSyncSuite):
+    world_size = 2
+
+
+class TestDirectSyncLoraUnverifiedWorld1(LoraSyncModels, DirectSyncSuite):
     world_size = 1
 
     @classmethod

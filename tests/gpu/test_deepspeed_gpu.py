@@ -21,6 +21,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from lrft.api import ModelPart, OptimizerConfig
 from lrft.backends.train.deepspeed import DeepSpeedBackend, DeepSpeedConfig
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
+from lrft.testing.lora import LoraTrainModels
 from tests.conformance.test_deepspeed import DeepSpeedSuite, DeepSpeedSyncSuite
 
 MIB = 1024 * 1024
@@ -28,6 +29,12 @@ MIB = 1024 * 1024
 
 class TestZero1CudaWorld2(DeepSpeedSuite):
     zero_stage = 1
+    world_size = 2
+    device_type = "cuda"
+
+
+class TestZero3LoraCudaWorld2(LoraTrainModels, DeepSpeedSuite):
+    zero_stage = 3
     world_size = 2
     device_type = "cuda"
 

@@ -110,7 +110,11 @@ def test_a_configuration_error_under_torchrun_is_one_line_with_its_code_in_the_s
         "Hugging Face model folder (config.json, weights, tokenizer files))"
     )
     workers = done.stderr.split("lrft FAILED")[0]
-    assert [text for text in workers.splitlines() if text.startswith("lrft")] == [line, line]
+    printed = [text for text in workers.splitlines() if text.startswith("lrft")]
+    # torchrun stops the other worker as soon as one exits, so under load the second rank may
+    # be stopped before it prints: each rank that printed printed the one line, and nothing else.
+    assert set(printed) == {line}, printed
+    assert len(printed) <= 2, printed
     assert not LRFT_FRAME.search(done.stderr)  # no rank printed a traceback
     assert "Repo id must be" not in done.stderr
     assert done.returncode == 1  # torchrun's own code for a failed worker

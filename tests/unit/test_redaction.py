@@ -1,10 +1,10 @@
-"""``lrft.api.redaction``: which parts of a URL are hidden, in a URL, in text and in a config."""
+"""``lrft.redaction``: which parts of a URL are hidden, in a URL, in text and in a config."""
 
 from __future__ import annotations
 
 import pytest
 
-from lrft.api.redaction import REDACTED, is_secret_name, redact, redact_url
+from lrft.redaction import REDACTED, is_secret_name, redact, redact_url
 
 
 @pytest.mark.parametrize(

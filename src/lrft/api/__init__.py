@@ -34,6 +34,7 @@ from lrft.api.media import MODALITIES, AudioClip, MediaInputs, Modality, Process
 from lrft.api.optim import OptimizerConfig, SchedulerConfig
 from lrft.api.protocols import (
     FrozenModel,
+    IncrementalWeightSource,
     InPlaceWeightLoader,
     NamedTensors,
     RolloutEngine,
@@ -57,7 +58,9 @@ from lrft.api.types import (
     StepReport,
     SyncReport,
     TensorSpec,
+    WeightsMark,
     WeightsResidency,
+    WeightsUpdate,
 )
 
 __all__ = [
@@ -82,6 +85,7 @@ __all__ = [
     "GenerationRequest",
     "GenerationResult",
     "InPlaceWeightLoader",
+    "IncrementalWeightSource",
     "Location",
     "LrftError",
     "MediaInputs",
@@ -112,7 +116,9 @@ __all__ = [
     "WeightSource",
     "WeightSync",
     "WeightSyncError",
+    "WeightsMark",
     "WeightsResidency",
+    "WeightsUpdate",
     "combine_digests",
     "require",
     "tensor_digest",

@@ -96,14 +96,19 @@ class SyncCapabilities:
 
     verifies_digest: it compares the engine's digest of its own weights with the trainer's.
     cross_device: it reaches engines that live on other devices or processes.
+    sends_changes_only: from an ``IncrementalWeightSource``, into an engine that still holds
+        what the sync loaded last, it sends only the weights that changed (see ``WeightSync``).
     """
 
     verifies_digest: bool = False
     cross_device: bool = False
+    sends_changes_only: bool = False
 
     def names(self) -> frozenset[str]:
         return frozenset(
-            name for name in ("verifies_digest", "cross_device") if getattr(self, name)
+            name
+            for name in ("verifies_digest", "cross_device", "sends_changes_only")
+            if getattr(self, name)
         )
 
 

@@ -31,6 +31,8 @@ from lrft.api.types import (
     StepReport,
     SyncReport,
     TensorSpec,
+    WeightsMark,
+    WeightsUpdate,
 )
 
 NamedTensors = Sequence[tuple[str, torch.Tensor]]
@@ -59,7 +61,43 @@ class WeightSource(Protocol):
         backend that communicates to gather floating-point parameters may cast them to it first,
         moving fewer bytes, and yield them in it. Every tensor comes in ``gather_dtype`` or in
         its parameter's dtype, never another; the bucket bound counts the bytes as yielded.
+
+        A model with LoRA adapters yields its merged weights: each adapted module's weight as
+        ``base + (lora_alpha / r) * B @ A``, under the base model's name; the adapters' own
+        parameters never appear.
         """
+        ...
+
+
+@runtime_checkable
+class IncrementalWeightSource(WeightSource, Protocol):
+    """A ``WeightSource`` that tells a receiver which of its weights it must take again.
+
+    Training changes only the *varying* weights: those computed from parameters that require
+    grad (with LoRA, the merged weights of the adapted modules; every weight of a model trained
+    in full). The others, the *frozen* weights, change only when something writes to frozen
+    parameters, which the source finds out by fingerprinting their storage on every rank: a
+    receiver that still holds the frozen weights of an earlier pass needs the varying ones only.
+    """
+
+    def weights_mark(self, held: WeightsMark | None) -> WeightsUpdate:
+        """The mark of the weights as they are now, and whether the varying weights alone bring
+        every rank's receiver up to date. Collective over the source's process group (every rank
+        gets the same answer).
+
+        ``held``: the mark this call returned before the last pass (``full_weights`` or
+        ``varying_weights``) that this rank's receiver took and still holds, whole, as it took
+        it; ``None`` when it holds none (never filled, its weights released or overwritten since,
+        a failed load). ``varying_only`` is true only when every rank passed a ``held`` equal to
+        the current mark and some weights are frozen.
+        """
+        ...
+
+    def varying_weights(
+        self, bucket_bytes: int, *, gather_dtype: torch.dtype | None = None
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """``full_weights`` restricted to the mark's ``varying`` weights, by the same rules.
+        Collective."""
         ...
 
 
@@ -133,7 +171,9 @@ class TrainableModel(FrozenModel, Protocol):
     def save(self, directory: Path) -> None:
         """Write model, optimizer and scheduler state into ``directory``. Collective.
 
-        ``directory`` is shared by all ranks (or at least readable by the ranks that load it); it
+        The model state is its trainable parameters: parameters that do not require grad (a LoRA
+        model's frozen base) come from the pretrained weights and are not written, so ``load``
+        needs a model built on the same frozen weights. ``directory`` is shared by all ranks (or at least readable by the ranks that load it); it
         is created if missing. The caller owns atomicity (write to a temporary name, rename).
         """
         ...
@@ -337,6 +377,16 @@ class WeightSync(Protocol):
     ``WeightSyncError`` and leaves the engine stale, and the report says ``verified=True``;
     without it the report says ``verified=False``. A sync that fails for any reason never leaves
     the engine looking fresh, and raises only after taking the whole stream (peers gather it too).
+
+    Changed weights only (``capabilities.sends_changes_only``): from an
+    ``IncrementalWeightSource``, into an engine that still holds, whole, what this same sync
+    loaded into it last (its ``weights_version`` is still the version that sync set), a sync may
+    load only the varying weights, in one ``weight_update`` that leaves the rest in place, when
+    the source's ``weights_mark`` says every rank can. Verification then covers every weight:
+    the ones left in place must still hold the digests they were sent with. An engine whose
+    weights were released (sleep level 2: ``weights_version`` is ``None``), that failed a sync
+    or that loaded weights from anywhere else since, is sent every weight, so no engine is ever
+    left serving a mix of versions. ``SyncReport.unchanged`` counts the weights left in place.
     """
 
     @property

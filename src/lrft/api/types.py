@@ -219,7 +219,11 @@ class SyncReport:
 
     ``verified``: the sync compared digests (what its ``verifies_digest`` capability declares).
     ``digest``: ``combine_digests`` of the digests of what was sent, each tensor cast to the
-    engine's dtype for it; empty where the sync computed none.
+    engine's dtype for it; empty where the sync computed none. A sync that sent only the
+    changed weights (``unchanged > 0``) reports the digest of every weight the engine holds: the
+    ones sent now and the ones it left in place, as they were sent before.
+    ``tensors`` and ``bytes`` count what this sync sent; ``unchanged`` the weights it left in
+    place because the engine still held them (see ``IncrementalWeightSource``).
     """
 
     version: int
@@ -229,3 +233,28 @@ class SyncReport:
     seconds: float
     verified: bool
     digest: str
+    unchanged: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class WeightsMark:
+    """What an ``IncrementalWeightSource``'s weights were at one pass, as a receiver needs to
+    know which of them it must take again.
+
+    ``varying``: the Hugging Face names of the weights that training changes (those computed
+    from parameters that require grad: with LoRA, the merged weights of the adapted modules).
+    ``frozen_digest``: a fingerprint of every other weight's parameters on every rank; equal
+    fingerprints mean those weights did not change.
+    """
+
+    varying: frozenset[str]
+    frozen_digest: str
+
+
+@attrs.frozen(kw_only=True)
+class WeightsUpdate:
+    """A source's answer to ``weights_mark``: the mark of its weights now, and whether every
+    rank's receiver can be brought up to date with the varying weights alone."""
+
+    mark: WeightsMark
+    varying_only: bool

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lrft.api.errors import ConfigError, LrftError
-from lrft.api.redaction import redact
 from lrft.bench import flops
 from lrft.bench.assets import model_folder, prompt_file
 from lrft.bench.ceilings import synchronize
@@ -24,6 +23,7 @@ from lrft.bench.ragged import ForcedLengths, full_batch_tokens_per_s
 from lrft.bench.rewards import TEXT_LENGTH
 from lrft.bench.workloads import GrpoSpec, Workload
 from lrft.dist import RankInfo
+from lrft.redaction import redact
 from lrft.trainer.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -228,9 +228,25 @@ def _summary(
             train_flops / update_s / (world_size * matmul_tflops * 1e12) if update_s > 0 else 0.0
         ),
         "peak_memory_mib": max(peaks) if peaks else None,
+        # per phase, the median over the steady steps: the high-water mark inside it (CUDA) and
+        # what stays allocated at its end
+        "phases_peak_memory_mib": _phase_memory(steady, "_peak_mb"),
+        "phases_memory_mib": _phase_memory(steady, "_mb"),
         "reward_mean_last": records[-1][1]["train/reward_mean"],
         "train_config": {key: _plain(value) for key, value in redact(config.as_dict()).items()},
     }
+
+
+def _phase_memory(steady: list[tuple[float, dict[str, float]]], suffix: str) -> dict[str, float]:
+    values: dict[str, list[float]] = {}
+    for _, metrics in steady:
+        for key, value in metrics.items():
+            if key.startswith("memory/") and key.endswith(suffix):
+                name = key[len("memory/") : -len(suffix)]
+                if suffix == "_mb" and name.endswith("_peak"):
+                    continue
+                values.setdefault(name, []).append(value)
+    return {name: _median(found) for name, found in sorted(values.items())}
 
 
 def _plain(value: object) -> object:

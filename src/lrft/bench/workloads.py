@@ -29,7 +29,7 @@ import attrs
 from lrft.api import validators as v
 from lrft.api.errors import ConfigError
 
-BUILT_IN = ("w1", "w2", "qwen2-1.5b", "tiny", "w2-ragged")
+BUILT_IN = ("w1", "w2", "qwen2-1.5b", "tiny", "w2-ragged", "w2-lora", "w2-kl", "w2-lora-kl")
 """Workload names that resolve to the files shipped in ``lrft/bench/workloads/``."""
 
 PARTS = ("grpo", "train_mfu", "sync", "sleep")

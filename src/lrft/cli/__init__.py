@@ -21,9 +21,10 @@ from typing import Any
 import attrs
 
 from lrft.api.errors import CollectiveTimeout, ConfigError, LrftError
-from lrft.api.redaction import redact
 from lrft.cli.bench import add_bench_parser, bench_main
 from lrft.cli.flags import FLAGS, Flag, FlagGroup, shown_default
+from lrft.cli.train_rm import add_train_rm_parser, train_rm_main
+from lrft.redaction import redact
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.progress import library_bars_allowed, silence_library_bars
 
@@ -54,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in FLAGS:
         _add(sections[flag.group], flag)
     add_bench_parser(commands)  # listed in `lrft --help`; `lrft bench` is parsed by bench_main
+    add_train_rm_parser(commands)  # likewise: `lrft train-rm` is parsed by train_rm_main
     return parser
 
 
@@ -164,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
         return bench_main(argv)
+    if argv[:1] == ["train-rm"]:
+        return train_rm_main(argv)
     rank = os.environ.get("RANK", "0")
     try:
         config = config_from_args(argv)

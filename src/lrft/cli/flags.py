@@ -14,6 +14,8 @@ from typing import Any
 import attrs
 
 from lrft.algo import AGGREGATION_MODES, kl_estimators, policy_losses
+from lrft.rewards.judge_template import JUDGE_TEMPLATES
+from lrft.rewards.remote_protocols import PROTOCOLS
 from lrft.trainer.config import (
     DEMO_NAMES,
     ENGINE_MAX_TP,
@@ -22,7 +24,7 @@ from lrft.trainer.config import (
     TrainConfig,
     supported_estimators,
 )
-from lrft.trainer.demo import DEMO_CRITIC_SETTINGS, DEMO_SETTINGS
+from lrft.trainer.demo import DEMO_CRITIC_SETTINGS, DEMO_LORA_SETTINGS, DEMO_SETTINGS
 from lrft.trainer.demo.vision.settings import VISION_DEMO_SETTINGS
 
 
@@ -37,6 +39,7 @@ class FlagGroup(enum.Enum):
     ALGORITHM = "algorithm (advantages, KL, policy loss)"
     CRITIC = "critic (PPO, with --advantage_estimator gae)"
     TRAINING = "training"
+    LORA = "LoRA (adapters on the actor; pip install 'lrft[lora]')"
     BACKEND = "train backend (FSDP2, DeepSpeed) and collectives"
     OUTPUT = "outputs, checkpoints, evaluation and logging"
 
@@ -50,8 +53,8 @@ class Flag:
     help: str
     choices: Sequence[str] | None = None
     metavar: str | tuple[str, ...] | None = None
-    nargs: int | None = None
-    """How many values the flag takes (``None``: one)."""
+    nargs: int | str | None = None
+    """How many values the flag takes (``None``: one; ``"+"``: one or more)."""
     computed_default: str | None = None
     """How ``--help`` states a default that TrainConfig computes from other settings."""
 
@@ -198,7 +201,7 @@ FLAGS: tuple[Flag, ...] = (
         group=FlagGroup.REWARDS,
         kind=str,
         metavar="URL[,URL...]",
-        help="reward services: one JSON POST per batch (docs/rewards-and-data.md has the format)",
+        help="reward services: JSON POSTs of each batch, in --remote_rm_protocol's format (docs/reward-models.md has the formats)",
     ),
     Flag(
         name="remote_rm_timeout_s",
@@ -211,6 +214,25 @@ FLAGS: tuple[Flag, ...] = (
         group=FlagGroup.REWARDS,
         kind=int,
         help="tries per batch when a reward service times out or answers 408, 429 or 5xx (needs --remote_rm_url)",
+    ),
+    Flag(
+        name="remote_rm_protocol",
+        group=FlagGroup.REWARDS,
+        kind=str,
+        choices=tuple(PROTOCOLS),
+        help="the services' request and reply format: lrft's, or OpenRLHF's (LightRFT's) query/prompts/labels in, rewards out (needs --remote_rm_url)",
+    ),
+    Flag(
+        name="remote_rm_batch_size",
+        group=FlagGroup.REWARDS,
+        kind=int,
+        help="the most samples one POST carries (unset: a rank's whole batch in one; needs --remote_rm_url)",
+    ),
+    Flag(
+        name="remote_rm_max_concurrency",
+        group=FlagGroup.REWARDS,
+        kind=int,
+        help="the most POSTs of one batch in flight at once, per rank and service (needs --remote_rm_url)",
     ),
     Flag(
         name="remote_rm_auth_env",
@@ -226,7 +248,47 @@ FLAGS: tuple[Flag, ...] = (
         group=FlagGroup.REWARDS,
         kind=str,
         metavar="W[,W...]",
-        help="one weight per reward, in the order reward_fn, reward_pretrain..., remote_rm_url...; the score is the weighted sum (unset: all 1)",
+        help="one weight per reward, in the order reward_fn, reward_pretrain..., grm_pretrain..., remote_rm_url...; the score is the weighted sum (unset: all 1)",
+    ),
+    Flag(
+        name="grm_pretrain",
+        group=FlagGroup.REWARDS,
+        kind=str,
+        metavar="PATH[,PATH...]",
+        help="generative reward models: causal-LM judges, each served by an hf engine asleep outside its call; "
+        "the verdict parsed by --grm_template is the score",
+    ),
+    Flag(
+        name="grm_template",
+        group=FlagGroup.REWARDS,
+        kind=str,
+        metavar="NAME|FILE",
+        help=f"the judges' prompt and verdict form: {', '.join(JUDGE_TEMPLATES)} or a JSON/YAML file (docs/reward-models.md)",
+    ),
+    Flag(
+        name="grm_max_new_tokens",
+        group=FlagGroup.REWARDS,
+        kind=int,
+        help="tokens a judge may write per verdict (needs --grm_pretrain)",
+    ),
+    Flag(
+        name="grm_apply_chat_template",
+        group=FlagGroup.REWARDS,
+        kind=bool,
+        help="wrap judge prompts in the judge tokenizer's chat template",
+    ),
+    Flag(
+        name="grm_unparsable_score",
+        group=FlagGroup.REWARDS,
+        kind=float,
+        help="the score of a verdict the template cannot read, counted as reward/<judge>/unparsable (unset: the template's)",
+    ),
+    Flag(
+        name="reward_recipes",
+        group=FlagGroup.REWARDS,
+        kind=str,
+        metavar="FILE",
+        help="JSON/YAML mapping each data label (--label_key) to {reward name: weight}: per-label weighted sums instead of --reward_weights",
     ),
     Flag(
         name="n_samples_per_prompt",
@@ -559,6 +621,37 @@ FLAGS: tuple[Flag, ...] = (
         kind=bool,
         help="keep optimizer state on the host outside the policy phase",
     ),
+    # LoRA ----------------------------------------------------------------------------------------
+    Flag(
+        name="lora_rank",
+        group=FlagGroup.LORA,
+        kind=int,
+        help="train LoRA adapters of this rank on the actor instead of all its weights (0: off); "
+        "the KL reference is the actor with its adapters disabled, and the engine gets the merged "
+        "weights",
+    ),
+    Flag(
+        name="lora_alpha",
+        group=FlagGroup.LORA,
+        kind=int,
+        help="the adapters' scaling is lora_alpha / lora_rank (needs --lora_rank)",
+    ),
+    Flag(
+        name="lora_dropout",
+        group=FlagGroup.LORA,
+        kind=float,
+        help="dropout on the adapters' input while training (needs --lora_rank)",
+    ),
+    Flag(
+        name="target_modules",
+        group=FlagGroup.LORA,
+        kind=str,
+        nargs="+",
+        metavar="NAME",
+        help="the linear modules given adapters: names or name suffixes (q_proj v_proj, or "
+        "q_proj,v_proj), or all-linear for every linear module but the output head; a name that "
+        "matches no module is an error (needs --lora_rank)",
+    ),
     Flag(
         name="seed",
         group=FlagGroup.TRAINING,
@@ -708,7 +801,8 @@ def _text(value: object) -> str:
 
 def shown_default(flag: Flag) -> str:
     """``default: X`` for ``flag`` (its TrainConfig default), followed by ``; demo: Y`` where
-    the built-in demo sets another value (``demo with gae`` for its critic settings). A default
+    the built-in demo sets another value (``demo with gae`` for its critic settings, ``demo with
+    --lora_rank`` for its LoRA ones). A default
     TrainConfig computes from other settings is shown as the flag's ``computed_default``."""
     default = attrs.fields_dict(TrainConfig)[flag.name].default
     if isinstance(default, attrs.Factory):  # type: ignore[arg-type]  # attrs.Factory is a class
@@ -719,6 +813,7 @@ def shown_default(flag: Flag) -> str:
     shown = (
         ("demo", DEMO_SETTINGS),
         ("demo with gae", DEMO_CRITIC_SETTINGS),
+        ("demo with --lora_rank", DEMO_LORA_SETTINGS),
         ("vision demo", VISION_DEMO_SETTINGS),
     )
     for label, settings in shown:

@@ -6,8 +6,10 @@
 - built-ins: math answer verification with math-verify (:class:`MathVerifyReward`, answers
   extracted from ``\\boxed{...}`` or GSM8K's ``####``), format rewards
   (:class:`ThinkFormatReward`, :class:`RegexFormatReward`), length shaping
-  (:class:`OverlongPenalty`), scalar reward models (:class:`SequenceClassifierReward`), a remote
-  reward service (:class:`RemoteReward`), plain functions (:class:`PerSampleReward`);
+  (:class:`OverlongPenalty`), scalar reward models (:class:`SequenceClassifierReward`),
+  generative reward models judging through a rollout engine (:class:`GenerativeReward`, its
+  verdict read by a :class:`JudgeTemplate`), a remote reward service (:class:`RemoteReward`, in
+  lrft's or OpenRLHF's format), plain functions (:class:`PerSampleReward`);
 - :class:`CombinedReward`: weighted rewards chosen per sample by its data label.
 
 :class:`RemoteReward` needs ``httpx`` and :class:`MathVerifyReward` needs ``math-verify``; both
@@ -36,6 +38,8 @@ from lrft.rewards.base import (
 )
 from lrft.rewards.combined import CombinedReward, Weighted
 from lrft.rewards.format import RegexFormatReward, ThinkFormatReward
+from lrft.rewards.generative import GenerativeReward, judge_prompt_ids
+from lrft.rewards.judge_template import JUDGE_TEMPLATES, JudgeTemplate, load_judge_template
 from lrft.rewards.length import RESPONSE_LENGTH_KEY, OverlongPenalty, characters, generated_tokens
 from lrft.rewards.math_reward import MathVerifyReward
 from lrft.rewards.reward_model import (
@@ -64,9 +68,12 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "ANSWER_FORMATS",
+    "JUDGE_TEMPLATES",
     "RESPONSE_LENGTH_KEY",
     "AnswerFormat",
     "CombinedReward",
+    "GenerativeReward",
+    "JudgeTemplate",
     "MathVerifyReward",
     "ModuleHandle",
     "OverlongPenalty",
@@ -86,7 +93,9 @@ __all__ = [
     "extract_answer",
     "generated_tokens",
     "gsm8k_answer",
+    "judge_prompt_ids",
     "last_boxed",
+    "load_judge_template",
     "prompt_then_response",
     "reference_answer",
 ]

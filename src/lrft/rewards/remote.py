@@ -1,22 +1,23 @@
-"""A reward computed by an HTTP service: JSON in, JSON out, bounded retries with backoff.
+"""A reward computed by an HTTP service: JSON in, JSON out, batched, concurrent, bounded retries
+with backoff.
 
-Wire format (one POST per batch)::
-
-    request:  {"samples": [{"prompt": str, "response": str, "label": str,
-                            "reference": str | null, "metadata": {...}}, ...]}
-    response: {"scores": [float, ...], "metrics": {"name": [float, ...], ...}}
-
-``scores`` has one number per sample, in order; ``metrics`` is optional. Failures that may pass
+The request and reply follow ``protocol`` (:mod:`lrft.rewards.remote_protocols`): lrft's own
+format (``{"samples": [...]}`` in, ``{"scores": [...], "metrics": {...}}`` out) or OpenRLHF's
+(``{"query", "prompts", "labels"}`` in, ``{"rewards": [...], "extra_logs": {...}}`` out). A batch
+goes in one POST, or in POSTs of at most ``batch_size`` samples, at most ``max_concurrency`` of
+them in flight at once; the scores come back in the batch's order whatever order the POSTs finish
+in. Failures that may pass
 (a connection error, a timeout, HTTP 408, 429 or 5xx) are retried up to ``max_attempts`` tries in
 all, waiting ``backoff_s``, then twice as long each time, at most ``max_backoff_s``; each retried
 failure is logged once (a warning naming the reward, the attempt and the HTTP status or the
 transport error), and the output's per-sample metric ``http_retries`` counts the failed tries
 before the answer that scored the sample. Anything else (another status that is not 2xx,
-redirects included, or a body that is not the format above) fails at once: sending the same
-request again would get the same answer.
+redirects included, or a body that is not the protocol's format) fails at once: sending the same
+request again would get the same answer. One failed POST fails the batch (the POSTs not yet sent
+are not sent).
 
 Credentials never reach a log or an error: URLs are shown through
-:func:`lrft.api.redaction.redact` (userinfo and token-like query parameters hidden), and the
+:func:`lrft.redaction.redact` (userinfo and token-like query parameters hidden), and the
 values of credential headers (``Authorization``, ``X-Api-Key``...) are hidden from any text the
 service or httpx sends back.
 """
@@ -24,29 +25,29 @@ service or httpx sends back.
 from __future__ import annotations
 
 import base64
-import json
 import logging
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import MappingProxyType
 from typing import Any
 
 import attrs
 import httpx
 
-from lrft.api.redaction import REDACTED, is_secret_name, redact
-from lrft.api.validators import finite, non_negative, positive
+from lrft.api.validators import finite, non_negative, one_of, optional, positive
+from lrft.redaction import REDACTED, is_secret_name, redact
 from lrft.rewards._checks import name_validator
 from lrft.rewards.base import RewardError, RewardOutput, RewardSample
+from lrft.rewards.remote_protocols import PROTOCOLS, RETRIES_METRIC, Malformed
 from lrft.rewards.retry import DEFAULT_BACKOFF_S, DEFAULT_MAX_BACKOFF_S, retry_backoff_s
+
+__all__ = ["RETRIES_METRIC", "RemoteReward"]
 
 logger = logging.getLogger(__name__)
 
 _RETRIED_STATUSES = frozenset({408, 429})
-
-RETRIES_METRIC = "http_retries"
-"""The per-sample metric counting the failed tries before the answer that scored the sample."""
 
 
 def _check_url(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
@@ -83,49 +84,11 @@ def _headers_repr(headers: Mapping[str, str]) -> str:
     return repr(shown)
 
 
-def _wire(sample: RewardSample) -> dict[str, Any]:
-    return {
-        "prompt": sample.prompt,
-        "response": sample.response,
-        "label": sample.label,
-        "reference": sample.reference,
-        "metadata": dict(sample.metadata),
-    }
-
-
-class _Malformed(Exception):
-    """The service answered, but not in the wire format."""
-
-
-def _number_list(value: Any, what: str, count: int) -> list[float]:
-    if not isinstance(value, list) or len(value) != count:
-        size = len(value) if isinstance(value, list) else type(value).__name__
-        raise _Malformed(f"{what} must be a list of {count} numbers, got {size}")
-    for item in value:
-        if isinstance(item, bool) or not isinstance(item, int | float):
-            raise _Malformed(f"{what} must hold numbers, got {item!r}")
-    return [float(item) for item in value]
-
-
-def _parse_reply(body: Any, count: int) -> RewardOutput:
-    if not isinstance(body, dict) or "scores" not in body:
-        raise _Malformed("the body must be a JSON object with a 'scores' list")
-    scores = _number_list(body["scores"], "'scores'", count)
-    raw_metrics = body.get("metrics", {})
-    if not isinstance(raw_metrics, dict):
-        raise _Malformed("'metrics' must be a JSON object of lists")
-    if RETRIES_METRIC in raw_metrics:
-        raise _Malformed(f"metric {RETRIES_METRIC!r} is the client's own count of retried POSTs")
-    metrics = {
-        str(name): _number_list(values, f"metric {name!r}", count)
-        for name, values in raw_metrics.items()
-    }
-    return RewardOutput(scores=scores, metrics=metrics)
-
-
 @attrs.frozen(kw_only=True, eq=False)
 class RemoteReward:
-    """Scores a batch with one POST of JSON to ``url`` (see the module for the format).
+    """Scores a batch with POSTs of JSON to ``url`` in ``protocol``'s format (``lrft`` or
+    ``openrlhf``), ``batch_size`` samples each (unset: one POST), ``max_concurrency`` at once
+    (see the module).
 
     ``timeout_s`` bounds each of connecting, sending, waiting for bytes of the answer and
     waiting for a pooled connection. After the last failed try, :class:`RewardError` names the
@@ -146,6 +109,11 @@ class RemoteReward:
     headers: Mapping[str, str] = attrs.field(factory=dict, converter=_headers, repr=_headers_repr)
     trust_env: bool = True
     name: str = attrs.field(default="remote", validator=name_validator)
+    protocol: str = attrs.field(default="lrft", validator=one_of(*PROTOCOLS))
+    batch_size: int | None = attrs.field(default=None, validator=optional(positive))
+    """The most samples one POST carries (``None``: the whole batch in one)."""
+    max_concurrency: int = attrs.field(default=1, validator=positive)
+    """The most POSTs of one batch in flight at once."""
     _client: httpx.Client = attrs.field(
         init=False,
         repr=False,
@@ -195,7 +163,57 @@ class RemoteReward:
     def __call__(self, samples: Sequence[RewardSample]) -> RewardOutput:
         if not samples:
             return RewardOutput(scores=[])
-        body = self._encode(samples)
+        wire = PROTOCOLS[self.protocol]
+        size = self.batch_size or len(samples)
+        starts = range(0, len(samples), size)
+        # Every POST's body is made first: a sample that cannot be sent fails before any POST.
+        bodies = [
+            (
+                wire.encode(samples[i : i + size], reward=self.name, first=i),
+                len(samples[i : i + size]),
+            )
+            for i in starts
+        ]
+        if self.max_concurrency == 1 or len(bodies) == 1:
+            outputs = [self._post(body, count) for body, count in bodies]
+        else:
+            outputs = self._concurrently(bodies)
+        return self._joined(outputs)
+
+    def _concurrently(self, bodies: list[tuple[bytes, int]]) -> list[RewardOutput]:
+        # httpx's Client may be shared by threads: its connection pool locks.
+        workers = min(self.max_concurrency, len(bodies))
+        with ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix=f"lrft-{self.name}"
+        ) as pool:
+            futures: list[Future[RewardOutput]] = [
+                pool.submit(self._post, body, count) for body, count in bodies
+            ]
+            try:
+                return [future.result() for future in futures]
+            except BaseException:
+                for future in futures:
+                    future.cancel()  # the POSTs not yet sent are not sent
+                raise
+
+    def _joined(self, outputs: list[RewardOutput]) -> RewardOutput:
+        names = set(outputs[0].metrics)
+        if any(set(output.metrics) != names for output in outputs):
+            raise RewardError(
+                reward=self.name,
+                detail="the service answered the batch's POSTs with different metrics: "
+                f"{sorted({name for output in outputs for name in output.metrics})}",
+            )
+        return RewardOutput(
+            scores=[score for output in outputs for score in output.scores],
+            metrics={
+                name: [value for output in outputs for value in output.metrics[name]]
+                for name in outputs[0].metrics
+            },
+        )
+
+    def _post(self, body: bytes, count: int) -> RewardOutput:
+        """One POST of ``count`` samples, retried as the module docstring says."""
         last_failure = ""
         for attempt in range(1, self.max_attempts + 1):
             if attempt > 1:
@@ -217,11 +235,11 @@ class RemoteReward:
                     f"HTTP {response.status_code}, not retried: {response.text[:200]!r}", attempt
                 )
             try:
-                output = _parse_reply(response.json(), len(samples))
-            except (ValueError, _Malformed) as error:
+                output = PROTOCOLS[self.protocol].parse(response.json(), count)
+            except (ValueError, Malformed) as error:
                 # json.JSONDecodeError is a ValueError; a wrong body would come back the same.
                 raise self._error(f"malformed reply, not retried: {error}", attempt) from error
-            retries = [float(attempt - 1)] * len(samples)
+            retries = [float(attempt - 1)] * count
             return RewardOutput(
                 scores=output.scores, metrics={**output.metrics, RETRIES_METRIC: retries}
             )
@@ -246,16 +264,3 @@ class RemoteReward:
             reward=self.name,
             detail=redact(f"POST {self.url} failed after {tries}: {detail}", secrets=self.secrets),
         )
-
-    def _encode(self, samples: Sequence[RewardSample]) -> bytes:
-        encoded = []
-        for index, sample in enumerate(samples):
-            try:
-                encoded.append(json.dumps(_wire(sample), allow_nan=False))
-            except (TypeError, ValueError) as error:
-                raise RewardError(
-                    reward=self.name,
-                    sample_index=index,
-                    detail=f"the sample cannot be sent as JSON: {error}",
-                ) from error
-        return ('{"samples": [' + ", ".join(encoded) + "]}").encode()

@@ -15,16 +15,17 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 from torch.distributed import ProcessGroup
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from lrft.api.errors import ConfigError
 from lrft.api.optim import OptimizerConfig
-from lrft.api.protocols import RolloutEngine, TrainableModel, TrainBackend
+from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, TrainBackend
 from lrft.api.types import ModelPart, SamplingParams
 from lrft.backends.media import freeze_vision_tower, load_generative_model
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync.direct import DirectSync
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
+from lrft.backends.train.lora import AdaptersDisabled, apply_lora, check_lora_model
 from lrft.data import MediaProcessor, PromptDataConfig, PromptDataset, load_prompt_dataset
 from lrft.dist import PhaseWatch, RankInfo, RolloutLayout, init_distributed
 from lrft.rewards import RewardFn
@@ -33,7 +34,7 @@ from lrft.trainer import demo
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.critic import load_critic
 from lrft.trainer.experience import Decode, ExperienceMaker
-from lrft.trainer.export import export_hf
+from lrft.trainer.export import LORA_ADAPTER_DIR, export_hf, export_lora_adapter
 from lrft.trainer.outputs import claim_outputs
 from lrft.trainer.presets import preset_config
 from lrft.trainer.resume import check_resume_settings
@@ -258,6 +259,7 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
     config.validate_inputs()
     _check_resume(config)
     check_reward_settings(config)
+    _check_lora(config)
     init_distributed(info, timeout=timedelta(seconds=config.collective_timeout_s))
     watch = PhaseWatch.for_default_group(config.collective_timeout_s)
     watch.start()
@@ -291,14 +293,18 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
 
     backend = train_backend(config)
     model = _policy_model(config)
+    # LoRA: the adapters are part of the model the backend wraps
+    trained = model if config.lora is None else apply_lora(model, config.lora)
     actor = backend.prepare_trainable(
-        model,
+        trained,
         optimizer=OptimizerConfig(
             lr=config.actor_learning_rate, weight_decay=config.l2, max_grad_norm=config.max_norm
         ),
     )
-    reference = None
-    if config.init_kl_coef > 0:
+    reference: FrozenModel | None = None
+    if config.init_kl_coef > 0 and config.lora is not None:
+        reference = AdaptersDisabled(actor)  # the actor's own base: no second copy of it
+    elif config.init_kl_coef > 0:
         frozen = load_generative_model(config.pretrain, dtype=torch.float32)
         reference = backend.prepare_frozen(frozen)
     reward = build_reward(config, backend, data_labels([train_data, eval_data]))
@@ -326,6 +332,10 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
 
     def export(directory: Path) -> None:
         export_hf(actor, pretrained=pretrain, tokenizer=tokenizer, directory=directory)
+        if config.lora is not None:  # the adapters too, as a peft folder beside the merged one
+            export_lora_adapter(
+                actor, pretrained=pretrain, directory=directory.with_name(LORA_ADAPTER_DIR)
+            )
 
     return RLTrainer(
         config=config,
@@ -343,6 +353,19 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         critic_offload=critic_offload,
         # A backend that moves no parameters (FSDP2 cpu_offload) keeps them on the host already.
         offload_reference=config.enable_engine_sleep
-        and ModelPart.PARAMETERS in backend.capabilities.offload,
+        and ModelPart.PARAMETERS in backend.capabilities.offload
+        and config.lora is None,  # a LoRA reference is the actor: nothing of its own to move
         watch=watch,
     )
+
+
+# --- LoRA -------------------------------------------------------------------------------------
+
+
+def _check_lora(config: TrainConfig) -> None:
+    """The adapters ``config`` asks for fit its model (their target modules exist and are
+    linear, peft can wrap it), checked on a weightless copy before any process group starts."""
+    if config.lora is None:
+        return
+    assert config.pretrain is not None
+    check_lora_model(AutoConfig.from_pretrained(config.pretrain), config.lora)

@@ -5,7 +5,7 @@ A run owns its folders. ``SAVE_PATH/run.json`` names the run whose outputs ``SAV
 by its ``run_id``, the id its checkpoints' manifests carry (a resumed run keeps the id of the
 checkpoint it resumed from). lrft's own outputs are exactly what :func:`find_outputs` lists:
 ``run.json``, ``metrics.jsonl``, the TensorBoard event files, ``curves.png``, the trajectory
-files, the exported ``hf_model/``, wandb's ``wandb/`` folder, and the checkpoint directories
+files, the exported ``hf_model/`` (and a LoRA run's ``lora_adapter/``), wandb's ``wandb/`` folder, and the checkpoint directories
 (with the temporary names an unfinished write leaves). The demo's and presets' prompt files
 (``demo_data/``, ``preset_data/``) are inputs that every run writes again, byte for byte, and
 any other file is the user's: neither counts, and neither is ever removed.
@@ -26,6 +26,7 @@ import re
 import secrets
 import shutil
 from pathlib import Path
+from typing import Protocol
 
 import torch.distributed as dist
 
@@ -33,8 +34,7 @@ import lrft
 from lrft.api.errors import ConfigError
 from lrft.dist import broadcast_object
 from lrft.trainer.checkpoint import checkpoint_entries, checkpoint_owner, latest_checkpoint
-from lrft.trainer.config import TrainConfig
-from lrft.trainer.export import HF_MODEL_DIR
+from lrft.trainer.export import HF_MODEL_DIR, LORA_ADAPTER_DIR
 from lrft.trainer.metrics import CURVES_FILE, METRICS_FILE, TENSORBOARD_DIR
 from lrft.trainer.trajectories import TRAJECTORY_DIR
 from lrft.trainer.wandb_metrics import FILES_DIR as WANDB_FILES_DIR
@@ -47,14 +47,33 @@ _SAVE_PATH_ENTRIES = (
     CURVES_FILE,
     HF_MODEL_DIR,
     f".tmp-{HF_MODEL_DIR}",
+    LORA_ADAPTER_DIR,
+    f".tmp-{LORA_ADAPTER_DIR}",
     WANDB_FILES_DIR,
 )
 _FOLDER_FILES = (
     (TENSORBOARD_DIR, re.compile(r"events\.out\.tfevents\..+")),
     (TRAJECTORY_DIR, re.compile(r"(\.tmp-)?step_\d+\.jsonl")),
 )
-_COMPLETE_LOOKING = re.compile(rf"global_step\d+|{HF_MODEL_DIR}")
+_COMPLETE_LOOKING = re.compile(rf"global_step\d+|{HF_MODEL_DIR}|{LORA_ADAPTER_DIR}")
 _SHOWN = 3  # entries of one kind a message names before it counts the rest
+
+
+class RunFolders(Protocol):
+    """The settings that say where a run writes and whether it continues or replaces another
+    (``lrft train``'s and ``lrft train-rm``'s configs both have them, under these names)."""
+
+    @property
+    def save_path(self) -> str: ...
+
+    @property
+    def checkpoint_dir(self) -> str: ...
+
+    @property
+    def load_checkpoint(self) -> bool: ...
+
+    @property
+    def overwrite_output(self) -> bool: ...
 
 
 def new_run_id() -> str:
@@ -162,7 +181,7 @@ def remove_outputs(found: dict[str, list[Path]], save_path: Path, checkpoint_dir
             folder.rmdir()
 
 
-def _occupied(config: TrainConfig, found: dict[str, list[Path]]) -> str:
+def _occupied(config: RunFolders, found: dict[str, list[Path]]) -> str:
     save_path, checkpoints = Path(config.save_path), Path(config.checkpoint_dir)
     fresh = (
         "--save_path" if checkpoints.is_relative_to(save_path) else "--save_path and --ckpt_path"
@@ -179,7 +198,7 @@ def _occupied(config: TrainConfig, found: dict[str, list[Path]]) -> str:
     )
 
 
-def refusal(config: TrainConfig) -> str | None:
+def refusal(config: RunFolders) -> str | None:
     """Why this run may not write into its folders (see the module docstring); ``None`` when it
     may. Reads files only."""
     save_path, checkpoints = Path(config.save_path), Path(config.checkpoint_dir)
@@ -213,7 +232,7 @@ def refusal(config: TrainConfig) -> str | None:
     )
 
 
-def claim_outputs(config: TrainConfig, *, rank: int) -> str | None:
+def claim_outputs(config: RunFolders, *, rank: int) -> str | None:
     """Refuse, on every rank, a run that would mix its outputs with another's (``ConfigError``
     from :func:`refusal`); with ``overwrite_output``, remove the outputs found (rank 0). Returns,
     on rank 0, what was removed, for the run to say.

@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from lrft.api.errors import ConfigError
-from lrft.trainer.config import TrainConfig
+
+if TYPE_CHECKING:
+    from attrs import AttrsInstance
 
 RESUMABLE_SETTINGS = frozenset(
     {
@@ -59,6 +61,10 @@ RESUMABLE_SETTINGS = frozenset(
         "remote_rm_timeout_s",
         "remote_rm_max_attempts",
         "remote_rm_auth_env",
+        # how a service is spoken to: its format, and how its POSTs are cut and overlapped
+        "remote_rm_protocol",
+        "remote_rm_batch_size",
+        "remote_rm_max_concurrency",
         # memory placement and speed, documented as not changing the result
         "enable_engine_sleep",
         "engine_mem_util",
@@ -82,15 +88,21 @@ def _json(value: object) -> object:
     return json.loads(json.dumps(value))
 
 
-def settings_changes(saved: Mapping[str, Any], config: TrainConfig) -> tuple[list[str], list[str]]:
-    """The settings of ``config`` that differ from ``saved`` (a manifest's config), as
+def settings_changes(
+    saved: Mapping[str, Any],
+    config: AttrsInstance,
+    *,
+    resumable: frozenset[str] = RESUMABLE_SETTINGS,
+) -> tuple[list[str], list[str]]:
+    """The settings of ``config`` (a :class:`TrainConfig`, or another command's attrs config
+    with its own ``resumable`` names) that differ from ``saved`` (a manifest's config), as
     ``name saved -> now``: those that block a resume, and those a resume may change.
 
     A setting the manifest lacks (written by an older lrft) is compared as its default.
     """
     blocking: list[str] = []
     allowed: list[str] = []
-    for field in attrs.fields(TrainConfig):
+    for field in attrs.fields(type(config)):
         now = _json(getattr(config, field.name))
         if field.name in saved:
             before = saved[field.name]
@@ -104,29 +116,36 @@ def settings_changes(saved: Mapping[str, Any], config: TrainConfig) -> tuple[lis
             change = f"{field.name} (changed)"
         else:
             change = f"{field.name} {before!r} -> {now!r}"
-        (allowed if field.name in RESUMABLE_SETTINGS else blocking).append(change)
+        (allowed if field.name in resumable else blocking).append(change)
     return blocking, allowed
 
 
 def check_resume_settings(
-    manifest: Mapping[str, Any], config: TrainConfig, directory: Path
+    manifest: Mapping[str, Any],
+    config: AttrsInstance,
+    directory: Path,
+    *,
+    resumable: frozenset[str] = RESUMABLE_SETTINGS,
+    command: str = "lrft train",
+    docs: str = "docs/trainer.md",
 ) -> list[str]:
     """Raise ``ConfigError`` naming every setting of ``config`` that differs from the one
     checkpoint ``directory`` (its ``manifest``) was written with, where a resume may not change
-    it; return the changes it may make, for the run to report."""
+    it (``resumable`` names those it may); return the changes it may make, for the run to
+    report. ``command`` and ``docs`` name what wrote such checkpoints and where the rules are."""
     saved = manifest.get("config")
     if not isinstance(saved, Mapping):
         raise ConfigError(
             f"checkpoint {directory} records no configuration, so it cannot be checked against "
-            "this run's: resume only checkpoints written by lrft train"
+            f"this run's: resume only checkpoints written by {command}"
         )
-    blocking, allowed = settings_changes(saved, config)
+    blocking, allowed = settings_changes(saved, config, resumable=resumable)
     if blocking:
         raise ConfigError(
             f"checkpoint {directory} was written with other settings, which a resume may not "
             f"change (checkpoint -> this run): {'; '.join(blocking)}. Resume with the "
             "checkpoint's settings, or start a new run in a fresh --save_path. A resume may "
             "change only the run's length, its output paths, its checkpoint, evaluation and "
-            "logging settings, and the memory and speed settings (docs/trainer.md)"
+            f"logging settings, and the memory and speed settings ({docs})"
         )
     return allowed

@@ -1,9 +1,11 @@
 """The reward a :class:`TrainConfig` asks for: rule functions, reward models, reward services.
 
-``reward_fn``, each ``reward_pretrain`` folder and each ``remote_rm_url`` is one reward; with
-more than one (or a weight other than 1) they are summed with ``reward_weights`` by a
+``reward_fn``, each ``reward_pretrain`` folder, each ``grm_pretrain`` judge
+(:mod:`lrft.trainer.judges`) and each ``remote_rm_url`` is one reward; with more than one (or a
+weight other than 1) they are summed with ``reward_weights`` by a
 :class:`~lrft.rewards.CombinedReward` whose routes cover every label of the data, so every
-reward scores every sample and the metrics keep each part's own score (``reward/<name>``).
+reward scores every sample and the metrics keep each part's own score (``reward/<name>``);
+``reward_recipes`` gives each label its own weighted sum instead (:mod:`lrft.trainer.recipes`).
 
 Reward models are wrapped by the train backend like the reference model (sharded, and with
 ``enable_engine_sleep`` their parameters stay on the host outside the reward phase, reloaded
@@ -40,6 +42,8 @@ from lrft.rewards import (
     Weighted,
 )
 from lrft.trainer.config import TrainConfig
+from lrft.trainer.judges import check_judge_folder, load_judge
+from lrft.trainer.recipes import read_recipes, recipe_routes
 
 REWARDS_EXTRA = "pip install 'lrft[rewards]'"
 
@@ -65,21 +69,46 @@ def load_reward(spec: str, reference_key: str | None) -> RewardFn:
 
 def check_reward_settings(config: TrainConfig) -> None:
     """What can be checked of the reward models and services before any process group starts:
-    each ``reward_pretrain`` is a sequence-classification folder with one label, and httpx is
-    installed for ``remote_rm_url``. Raises ``ConfigError`` naming the path or the package."""
+    each ``reward_pretrain`` is a sequence-classification folder with one label, each
+    ``grm_pretrain`` a model folder that generates, the recipes file is well formed, and httpx
+    is installed for ``remote_rm_url``. Raises ``ConfigError`` naming the path or the package."""
     for path in config.reward_pretrain:
         config_file = Path(path) / "config.json"
         if not config_file.is_file():
             raise ConfigError(f"reward_pretrain {path!r} is not a model folder (no config.json)")
         model_config = json.loads(config_file.read_text(encoding="utf-8"))
+        _check_score_head(path, model_config)
         labels = _num_labels(model_config)
         if labels != 1:
             raise ConfigError(
                 f"reward_pretrain {path!r} has {labels} labels; a reward model has one "
                 "(a sequence-classification head with num_labels=1, whose logit is the score)"
             )
+    for path in config.grm_pretrain:
+        check_judge_folder(path)
+    if config.reward_recipes is not None:
+        read_recipes(config.reward_recipes)
     if config.remote_rm_url and importlib.util.find_spec("httpx") is None:
         raise ConfigError(f"remote_rm_url needs the httpx package: {REWARDS_EXTRA}")
+
+
+SCORE_HEAD_RULE = (
+    "a reward model is a *ForSequenceClassification folder with one label, whose logit is the "
+    "score (lrft train-rm trains and exports one)"
+)
+
+
+def _check_score_head(path: str, model_config: dict[str, object]) -> None:
+    # A folder saved by transformers names its architecture; the loading check below covers
+    # one that does not.
+    architectures = model_config.get("architectures")
+    if not isinstance(architectures, list) or not architectures:
+        return
+    if not any(str(a).endswith("ForSequenceClassification") for a in architectures):
+        raise ConfigError(
+            f"reward_pretrain {path!r} is a {architectures[0]} folder, without a score head: "
+            f"{SCORE_HEAD_RULE}"
+        )
 
 
 def auth_headers(variable: str) -> dict[str, str]:
@@ -166,7 +195,15 @@ def load_reward_model(
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
+    model, info = AutoModelForSequenceClassification.from_pretrained(
+        path, dtype=torch.float32, output_loading_info=True
+    )
+    if info["missing_keys"]:
+        # transformers would start the missing weights (a score head) at random: a reward of noise
+        raise ConfigError(
+            f"reward_pretrain {path!r} lacks the weights {sorted(info['missing_keys'])[:5]}: "
+            f"{SCORE_HEAD_RULE}"
+        )
     if model.config.pad_token_id is None:
         # Micro-batches are right-padded; the head reads the last token that is not padding.
         pad = (
@@ -217,6 +254,10 @@ def build_reward(config: TrainConfig, backend: TrainBackend, labels: Iterable[st
         strict=True,
     ):
         rewards.append(load_reward_model(path, name=name, backend=backend, config=config))
+    for path, name in zip(
+        config.grm_pretrain, _names("grm", len(config.grm_pretrain)), strict=True
+    ):
+        rewards.append(load_judge(path, name=name, config=config, device=backend.device))
     if config.remote_rm_url:
         from lrft.rewards.remote import RemoteReward
 
@@ -232,18 +273,29 @@ def build_reward(config: TrainConfig, backend: TrainBackend, labels: Iterable[st
                     max_attempts=config.remote_rm_max_attempts,
                     headers=auth_headers(variable),
                     name=name,
+                    protocol=config.remote_rm_protocol,
+                    batch_size=config.remote_rm_batch_size,
+                    max_concurrency=config.remote_rm_max_concurrency,
                 )
             )
     if not rewards:
-        raise ConfigError("no reward: give reward_fn, reward_pretrain or remote_rm_url")
-    weights = config.reward_weights or (1.0,) * len(rewards)
-    if len(rewards) == 1 and weights == (1.0,):
-        return rewards[0]
-    parts = tuple(
-        Weighted(reward=reward, weight=weight)
-        for reward, weight in zip(rewards, weights, strict=True)
-    )
+        raise ConfigError(
+            "no reward: give reward_fn, reward_pretrain, grm_pretrain or remote_rm_url"
+        )
+    labels = sorted(labels) or [""]
+    if config.reward_recipes is not None:
+        recipes = read_recipes(config.reward_recipes)
+        routes = recipe_routes(recipes, rewards, labels, path=config.reward_recipes)
+    else:
+        weights = config.reward_weights or (1.0,) * len(rewards)
+        if len(rewards) == 1 and weights == (1.0,):
+            return rewards[0]
+        parts = tuple(
+            Weighted(reward=reward, weight=weight)
+            for reward, weight in zip(rewards, weights, strict=True)
+        )
+        routes = dict.fromkeys(labels, parts)
     try:
-        return CombinedReward(routes=dict.fromkeys(sorted(labels) or [""], parts))
+        return CombinedReward(routes=routes)
     except ValueError as error:  # two rewards under one name: their metrics would mix
         raise ConfigError(f"the rewards cannot be combined: {error}") from error

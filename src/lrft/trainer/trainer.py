@@ -16,10 +16,10 @@ import lrft
 from lrft.algo import RunningMoments
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, WeightSync
-from lrft.api.redaction import redact
 from lrft.api.types import ModelPart
 from lrft.data import DistributedPromptSampler, PromptDataset, eval_indices
 from lrft.dist import PhaseWatch, mean_over_ranks, sum_over_ranks
+from lrft.redaction import redact
 from lrft.trainer import checkpoint as ckpt
 from lrft.trainer.colocation import Colocation
 from lrft.trainer.config import TrainConfig

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from lrft.api.errors import ConfigError
-from lrft.api.redaction import redact
+from lrft.redaction import redact
 
 if TYPE_CHECKING:
     from wandb.sdk.wandb_run import Run
@@ -72,7 +72,7 @@ def _redacted_argv() -> Iterator[None]:
 
 class WandbMetrics:
     """One W&B run: ``config`` as the run's config (URL credentials hidden by
-    :func:`lrft.api.redaction.redact`), each metric logged at its step.
+    :func:`lrft.redaction.redact`), each metric logged at its step.
 
     The run id is chosen at construction; :meth:`continue_run` replaces it with the id a
     checkpoint recorded, so a resumed job appends to the same run instead of starting a new

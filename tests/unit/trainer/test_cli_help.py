@@ -73,6 +73,8 @@ def _value(text: str, flag: Flag) -> object:
         return None
     if text == "none":
         return ()
+    if flag.nargs == "+":  # several values, shown comma-separated
+        return tuple(flag.kind(item) for item in text.split(","))
     return flag.kind(text)
 
 

@@ -273,6 +273,18 @@ def _non_default(name: str) -> list[str]:
             "--remote_rm_url=http://127.0.0.1:9/x",
             "--remote_rm_max_attempts=7",
         ],
+        "remote_rm_protocol": [
+            "--remote_rm_url=http://127.0.0.1:9/x",
+            "--remote_rm_protocol=openrlhf",
+        ],
+        "remote_rm_batch_size": [
+            "--remote_rm_url=http://127.0.0.1:9/x",
+            "--remote_rm_batch_size=128",
+        ],
+        "remote_rm_max_concurrency": [
+            "--remote_rm_url=http://127.0.0.1:9/x",
+            "--remote_rm_max_concurrency=4",
+        ],
         "remote_rm_auth_env": [
             "--remote_rm_url=http://127.0.0.1:9/x",
             "--remote_rm_auth_env=RM_TOKEN",
@@ -287,6 +299,22 @@ def _non_default(name: str) -> list[str]:
             "--apply_chat_template",
             "--limit_mm_image_per_prompt=3",
         ],
+        # the judges' settings need judges; recipes replace the weights (tested elsewhere)
+        "grm_pretrain": ["--grm_pretrain=judge"],
+        **{
+            name: ["--grm_pretrain=judge", *value]
+            for name, value in {
+                "grm_template": ["--grm_template=pointwise-score-tag"],
+                "grm_max_new_tokens": ["--grm_max_new_tokens=7"],
+                "grm_apply_chat_template": ["--grm_apply_chat_template"],
+                "grm_unparsable_score": ["--grm_unparsable_score=-1"],
+            }.items()
+        },
+        "reward_recipes": ["--reward_recipes=recipes.json"],
+        # the adapters' settings need adapters
+        "lora_alpha": ["--lora_rank=8", "--lora_alpha=8"],
+        "lora_dropout": ["--lora_rank=8", "--lora_dropout=0.1"],
+        "target_modules": ["--lora_rank=8", "--target_modules", "q_proj", "v_proj"],
     }
     if name in special:
         return special[name]

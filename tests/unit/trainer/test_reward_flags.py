@@ -36,7 +36,10 @@ def test_lists_read_commas_or_lists_and_count_the_rewards() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ([], r"pretrain needs a reward: reward_fn .*, reward_pretrain or remote_rm_url"),
+        (
+            [],
+            r"pretrain needs a reward: reward_fn .*, reward_pretrain, grm_pretrain or remote_rm_url",
+        ),
         (["--reward_pretrain=a,,b"], r"reward_pretrain 'a,,b' has an empty entry"),
         (["--remote_rm_url=localhost:8000"], r"entry 'localhost:8000' must be an http"),
         (["--reward_fn=math", "--reward_weights=1,2"], r"2 entries for 1 rewards"),

@@ -14,6 +14,8 @@ from lrft.api.types import TensorSpec
 from lrft.backends.sync._copy_plan import CopyPlan
 from lrft.backends.sync._digests import CombinedDigest
 
+_NOTHING = torch.empty(0)
+
 
 @attrs.define(kw_only=True)
 class Bucket:
@@ -52,6 +54,9 @@ class Layout:
         self.positions = {} if order is None else {name: i for i, name in enumerate(order)}
         self.buckets: dict[tuple[str, ...], Bucket] = {}
         self.complete: list[Bucket] = []
+        # where in the lent list the first lent target is (0 unless only changes are lent)
+        self.first_lent = 0
+        self._changed: dict[frozenset[str], tuple[tuple[str, ...], torch.Tensor]] = {}
         self._sums: torch.Tensor | None = None
         self._sums_zeroed = False  # zeroed ahead, by the end of the last sync that used them
         self._report: CombinedDigest | None = None
@@ -74,7 +79,34 @@ class Layout:
     def lend(self, load: InPlaceWeightLoader) -> list[torch.Tensor]:
         """Every weight's target, in the digest order."""
         assert self.order is not None
+        self.first_lent = 0
         return load.targets(self.order)
+
+    def lend_changed(
+        self, load: InPlaceWeightLoader, changed: frozenset[str]
+    ) -> list[torch.Tensor]:
+        """The targets of the ``changed`` weights only (lending counts as loading), at their
+        places in the digest order; the other places hold an empty tensor."""
+        assert self.order is not None
+        order, _ = self._changes(changed)
+        lent = [_NOTHING] * len(self.order)
+        for name, target in zip(order, load.targets(order), strict=True):
+            lent[self.positions[name]] = target
+        self.first_lent = self.positions[order[0]] if order else 0
+        return lent
+
+    def unchanged_rows(self, changed: frozenset[str]) -> torch.Tensor:
+        """The rows, in the digest order, of the weights not in ``changed`` (on the host)."""
+        return self._changes(changed)[1]
+
+    def _changes(self, changed: frozenset[str]) -> tuple[tuple[str, ...], torch.Tensor]:
+        # kept per set of names: the lifecycle knows a tuple of names it saw by its identity
+        if changed not in self._changed:
+            assert self.order is not None
+            order = tuple(name for name in self.order if name in changed)
+            rows = [i for i, name in enumerate(self.order) if name not in changed]
+            self._changed[changed] = (order, torch.tensor(rows, dtype=torch.long))
+        return self._changed[changed]
 
     def sums(self, device: torch.device) -> torch.Tensor:
         """The buffer an in-place sync sums what it writes into, zeroed; at one address sync

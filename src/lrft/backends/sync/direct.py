@@ -19,32 +19,20 @@ own, and the engine copies from there.
 from __future__ import annotations
 
 import functools
-import operator
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import TypeGuard
+from collections.abc import Callable
 
 import attrs
 import torch
 
 from lrft.api.capabilities import SyncCapabilities
-from lrft.api.digest import combine_digests, format_digests
-from lrft.api.errors import WeightSyncError
-from lrft.api.protocols import InPlaceWeightLoader, RolloutEngine, WeightLoader, WeightSource
-from lrft.api.types import EnginePart, SyncReport, TensorSpec, WeightsResidency
-from lrft.backends.sync._copy_plan import CopyPlan
-from lrft.backends.sync._digests import PendingDigests
-from lrft.backends.sync._layout import Bucket, Layout, MemoSlot
-from lrft.kernels import DigestBuffer
+from lrft.api.protocols import IncrementalWeightSource, RolloutEngine, WeightSource
+from lrft.api.types import EnginePart, SyncReport, WeightsResidency, WeightsUpdate
+from lrft.backends.sync._held import HeldSlot
+from lrft.backends.sync._layout import MemoSlot
+from lrft.backends.sync._stream import Stream, loads_in_place
 
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
-# Bounds the buckets remembered per engine layout: a source whose buckets never repeat
-# (gathered into new buffers with new names) would otherwise grow the memo without end.
-_MAX_BUCKETS = 4096
-
-_NAME = operator.itemgetter(0)
-_TENSOR = operator.itemgetter(1)
-_SHAPE = operator.attrgetter("shape")
 
 
 def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -63,18 +51,26 @@ class DirectSync:
     bucket_bytes: upper bound of one gathered bucket (a single larger tensor travels alone).
     verify: compare the engine's per-tensor digest with the sent tensors' (on by default).
     name_map: trainer (Hugging Face) name -> engine name, for engines that rename weights.
+    changes_only: from an ``IncrementalWeightSource`` into an engine that still holds what
+        this sync loaded last, send only the weights that changed (the varying ones, e.g. a
+        LoRA model's adapted modules) when the source says every rank can (see ``WeightSync``).
     """
 
     bucket_bytes: int = attrs.field(default=DEFAULT_BUCKET_BYTES, validator=_positive)
     verify: bool = True
     name_map: Callable[[str], str] = _identity
+    changes_only: bool = True
     # What the checks of the last engine layout found, kept for the next sync: a trainer syncs
     # the same buckets from the same addresses step after step.
     _memo: MemoSlot = attrs.field(factory=lambda: MemoSlot(), init=False, repr=False, eq=False)
+    # What the last successful sync left in its engine, for sending only what changed next.
+    _held: HeldSlot = attrs.field(factory=lambda: HeldSlot(), init=False, repr=False, eq=False)
 
     @property
     def capabilities(self) -> SyncCapabilities:
-        return SyncCapabilities(verifies_digest=self.verify, cross_device=False)
+        return SyncCapabilities(
+            verifies_digest=self.verify, cross_device=False, sends_changes_only=self.changes_only
+        )
 
     def sync(self, source: WeightSource, engine: RolloutEngine, *, version: int) -> SyncReport:
         """Load ``source``'s current weights into ``engine`` as ``version``; see ``WeightSync``.
@@ -85,23 +81,39 @@ class DirectSync:
         """
         start = time.perf_counter()
         specs = engine.parameter_specs()
+        update = self._weights_update(source, engine)  # collective, when the source is one
+        held = self._held.take() if update is not None and update.varying_only else None
+        self._held.clear()  # until this sync succeeds, the engine holds nothing known
         if engine.state.weights is not WeightsResidency.RESIDENT:
             engine.wake([EnginePart.WEIGHTS])
         # Nothing here is differentiated: copies of parameters that require grad would
         # otherwise record autograd history into the engine's weights.
         with torch.no_grad(), engine.weight_update(version) as load:
-            in_place = load if self.verify and _loads_in_place(load) else None
+            in_place = load if self.verify and loads_in_place(load) else None
             layout = self._memo.layout_for(
                 specs, in_place.digest_order() if in_place is not None else None
             )
-            stream = _Stream(
-                layout=layout, name_map=self.name_map, verify=self.verify, in_place=in_place
+            stream = Stream(
+                layout=layout,
+                name_map=self.name_map,
+                verify=self.verify,
+                in_place=in_place,
+                held=held,
+                changed=None if held is None else frozenset(map(self.name_map, held.varying)),
             )
             # Sources that communicate to gather may then cast first and move fewer bytes.
-            buckets = source.full_weights(self.bucket_bytes, gather_dtype=layout.gather_dtype)
+            if held is not None:
+                assert isinstance(source, IncrementalWeightSource)
+                buckets = source.varying_weights(
+                    self.bucket_bytes, gather_dtype=layout.gather_dtype
+                )
+            else:
+                buckets = source.full_weights(self.bucket_bytes, gather_dtype=layout.gather_dtype)
             stream.run(buckets, load)
             tensors, nbytes = stream.check_complete()
             digest = stream.verify_engine(engine) if self.verify else ""
+        if update is not None:
+            self._held.record(engine, version, update.mark, stream.record(in_place is not None))
         return SyncReport(
             version=version,
             tensors=tensors,
@@ -110,237 +122,22 @@ class DirectSync:
             seconds=time.perf_counter() - start,
             verified=self.verify,
             digest=digest,
+            unchanged=len(specs) - tensors if held is not None else 0,
         )
 
-
-@attrs.define
-class _Stream:
-    layout: Layout
-    name_map: Callable[[str], str]
-    verify: bool
-    # Writing in place: the engine's loader, every weight's target (lent at once, in the
-    # engine's digest order), and the sums of what was written there, on the device.
-    in_place: InPlaceWeightLoader | None
-    lent: list[torch.Tensor] = attrs.field(factory=list)
-    sent_sums: torch.Tensor | None = None
-    # The buckets as checked, in the order they came; duplicates and gaps are looked for once
-    # the stream is drained (a failed sync leaves the engine stale, whatever it wrote).
-    sent: list[Bucket] = attrs.field(factory=list)
-    # Queued on the device bucket by bucket and read back once at the end: a host sync per
-    # tensor (or per bucket) would stall the stream of gathers and copies.
-    sent_digests: PendingDigests = attrs.field(factory=PendingDigests)
-    buckets: int = 0
-
-    def run(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], load: WeightLoader) -> None:
-        error: Exception | None = None
-        failed_bucket = -1
-        for bucket in buckets:
-            if error is not None:
-                continue  # drain: peers still gather the remaining buckets with us
-            try:
-                self._load(bucket, load)
-            except Exception as exc:  # raised after draining, never mid-collective
-                error, failed_bucket = exc, self.buckets
-            self.buckets += 1
-        if isinstance(error, WeightSyncError):
-            raise error
-        if error is not None:
-            raise WeightSyncError(f"loading bucket {failed_bucket} failed: {error}") from error
-
-    def _load(self, bucket: list[tuple[str, torch.Tensor]], load: WeightLoader) -> None:
-        if not bucket:
-            return
-        tensors = list(map(_TENSOR, bucket))
-        key = tuple(map(_NAME, bucket))
-        known = self.layout.buckets.get(key)
-        if self.in_place is not None and known is not None and self._rerun(known, tensors):
-            # The plan's check of the sources covers their shapes, the entry's when planned.
-            self.sent.append(known)
-            return
-        entry = self._checked(key, known, bucket, tensors)
-        self.sent.append(entry)
-        if not self.verify:
-            # The engine casts while it copies: no intermediate copy of the bucket.
-            load(list(zip(entry.names, tensors, strict=True)))
-        elif self.in_place is not None:
-            # One cast copy straight into the engine's storage; the sent fingerprint is taken
-            # from the values as they are written.
-            self._lend(self.in_place)
-            targets = entry.targets(self.lent)
-            plan = entry.plan = CopyPlan(tensors, targets, entry.positions, targets[0].device)
-            entry.plan_targets = list(map(torch.Tensor.data_ptr, targets))
-            assert self.sent_sums is not None
-            plan.run(tensors, targets, self.sent_sums)
-        else:
-            # The cast must exist to be fingerprinted, so it is written, in one fused copy,
-            # into a buffer laid out for digests; the engine then copies from it.
-            cast = DigestBuffer(
-                [(spec.shape, spec.dtype) for spec in entry.specs], tensors[0].device
-            )
-            torch._foreach_copy_(cast.views, tensors)
-            self.sent_digests.add_buffer(entry.names, cast)
-            load(list(zip(entry.names, cast.views, strict=True)))
-
-    def _lend(self, load: InPlaceWeightLoader) -> None:
-        if self.sent_sums is None:
-            # Every weight is lent at once, the first time a bucket needs one: one call into
-            # the engine per sync, however many buckets.
-            self.lent = self.layout.lend(load)
-            self.sent_sums = self.layout.sums(self.lent[0].device)
-
-    def _rerun(self, entry: Bucket, tensors: list[torch.Tensor]) -> bool:
-        """Writes a known bucket in place through its plan, if the plan still holds: the
-        targets where they were when it was made, the sources where and as they were.
-
-        Addresses alone decide for the targets, because a lent target always has its weight's
-        shape, dtype and layout (the rollout conformance suite checks that). They are compared
-        bucket by bucket, not all at once when the weights are lent: the first bucket's copy
-        then starts after a bucket's worth of checks, and the rest are made while it runs."""
-        assert self.in_place is not None
-        plan = entry.plan
-        if plan is None:
-            return False
-        self._lend(self.in_place)
-        targets = entry.targets(self.lent)
-        if list(
-            map(torch.Tensor.data_ptr, targets)
-        ) != entry.plan_targets or not plan.matches_sources(tensors):
-            return False
-        assert self.sent_sums is not None
-        plan.run(tensors, targets, self.sent_sums)
-        return True
-
-    def _checked(
-        self,
-        key: tuple[str, ...],
-        known: Bucket | None,
-        bucket: list[tuple[str, torch.Tensor]],
-        tensors: list[torch.Tensor],
-    ) -> Bucket:
-        """The bucket's checked entry: the known one if its tensors' shapes are the same
-        (C calls per tensor), else checked in full."""
-        if known is not None and list(map(_SHAPE, tensors)) == known.shapes:
-            return known
-        entry = self._check(bucket)
-        buckets = self.layout.buckets
-        if len(buckets) >= _MAX_BUCKETS:
-            buckets.clear()
-        buckets[key] = entry
-        return entry
-
-    def _check(self, bucket: list[tuple[str, torch.Tensor]]) -> Bucket:
-        names: list[str] = []
-        specs: list[TensorSpec] = []
-        seen: set[str] = set()
-        nbytes = 0
-        known = self.layout.specs
-        for source_name, tensor in bucket:
-            name = self.name_map(source_name)
-            spec = known.get(name)
-            if spec is None:
-                raise WeightSyncError(
-                    f"the engine has no weight {name!r} (trainer name {source_name!r})"
-                )
-            if tensor.shape != spec.shape:
-                raise WeightSyncError(
-                    f"weight {name!r}: trainer shape {tuple(tensor.shape)} != engine shape "
-                    f"{spec.shape}"
-                )
-            if name in seen:
-                raise WeightSyncError(f"weight {name!r} was sent twice in one sync")
-            seen.add(name)
-            names.append(name)
-            specs.append(spec)
-            nbytes += tensor.numel() * spec.dtype.itemsize
-        positions = self.layout.positions
-        return Bucket(
-            names=names,
-            specs=specs,
-            shapes=[torch.Size(spec.shape) for spec in specs],
-            nbytes=nbytes,
-            positions=[positions[name] for name in names] if positions else [],
+    def _weights_update(self, source: WeightSource, engine: RolloutEngine) -> WeightsUpdate | None:
+        """The source's mark and whether only its varying weights need sending (collective
+        over the source's group); ``None`` for a source that cannot tell, or when off."""
+        if not self.changes_only or not _tells_changes(type(source)):
+            return None
+        assert isinstance(source, IncrementalWeightSource)
+        in_place = self.verify and "loads_in_place" in engine.capabilities.names()
+        return source.weights_mark(
+            self._held.mark_for(engine, verified=self.verify, in_place=in_place)
         )
-
-    def check_complete(self) -> tuple[int, int]:
-        """Every engine weight sent exactly once, or ``WeightSyncError``; the tensors and bytes
-        sent. The buckets of the last complete sync, in the same order, pass as they are."""
-        complete = self.layout.complete
-        if len(self.sent) != len(complete) or not all(map(operator.is_, self.sent, complete)):
-            sent: set[str] = set()
-            for entry in self.sent:
-                if not sent.isdisjoint(entry.names):
-                    twice = next(name for name in entry.names if name in sent)
-                    raise WeightSyncError(f"weight {twice!r} was sent twice in one sync")
-                sent.update(entry.names)
-            # every name sent was checked to be one of the engine's
-            if len(sent) != len(self.layout.specs):
-                missing = sorted(set(self.layout.specs) - sent)
-                raise WeightSyncError(
-                    f"the trainer sent no value for {len(missing)} engine weight(s), e.g. "
-                    f"{missing[:5]}: the engine would serve a mix of old and new weights"
-                )
-            self.layout.complete = list(self.sent)
-        return len(self.layout.specs), sum(entry.nbytes for entry in self.sent)
-
-    def verify_engine(self, engine: RolloutEngine) -> str:
-        """Compares what the engine holds with what was sent; the combined digest of what was
-        sent, for the report."""
-        if self.in_place is None:
-            sent = self.sent_digests.resolve()
-            _verify(sent, engine.weights_digest())
-            return combine_digests(sent)
-        return self._verify_in_place(self.in_place)
-
-    def _verify_in_place(self, load: InPlaceWeightLoader) -> str:
-        layout = self.layout
-        written = self.sent_sums
-        if written is None or written.device.type != "cuda":
-            held = load.digest_sums()
-            both = torch.stack((torch.zeros_like(held) if written is None else written, held))
-            both = both.to("cpu")
-            report = layout.report().of(both[0])
-        else:
-            # The sent sums are final once the copies are: they travel to the host ahead of the
-            # engine's digest, and the report is made from them while the device digests.
-            both, sent_ready, held_ready = layout.host_sums(written.device)
-            both[0].copy_(written, non_blocking=True)
-            sent_ready.record()
-            both[1].copy_(load.digest_sums(), non_blocking=True)
-            # before the event the host waits for: the next sync, on whatever stream, finds
-            # the sums zeroed
-            layout.zero_sums_ahead()
-            held_ready.record()
-            sent_ready.synchronize()
-            report = layout.report().of(both[0])
-            held_ready.synchronize()
-        # strings are made only for the report, or to name what differs
-        if not torch.equal(both[0], both[1]):
-            assert layout.order is not None
-            specs = [layout.specs[name] for name in layout.order]
-            _verify(
-                format_digests(layout.order, specs, both[0]),
-                format_digests(layout.order, specs, both[1]),
-            )
-        return report
 
 
 @functools.cache
-def _lends_storage(loader_type: type) -> bool:
-    # A Protocol's runtime check looks its methods up by name, which a loader's class fixes.
-    return issubclass(loader_type, InPlaceWeightLoader)
-
-
-def _loads_in_place(load: WeightLoader) -> TypeGuard[InPlaceWeightLoader]:
-    """``isinstance(load, InPlaceWeightLoader)``, answered once per loader class: the runtime
-    check of a Protocol costs tens of microseconds, every sync."""
-    return _lends_storage(type(load))
-
-
-def _verify(sent: Mapping[str, str], held: Mapping[str, str]) -> None:
-    wrong = sorted(name for name, digest in sent.items() if held.get(name) != digest)
-    if wrong:
-        first = wrong[0]
-        raise WeightSyncError(
-            f"{len(wrong)} weight(s) differ in the engine from what was sent, e.g. {first!r}: "
-            f"sent {sent[first]}, engine holds {held.get(first)}; the engine is left stale"
-        )
+def _tells_changes(source_type: type) -> bool:
+    """``isinstance(source, IncrementalWeightSource)``, answered once per source class."""
+    return issubclass(source_type, IncrementalWeightSource)

@@ -23,7 +23,11 @@ explicit moves:
   DeepSpeed's FusedAdam: lrft moves the flat fp32 partitions itself, swapping ``.data`` so that
   AdamW's state stays keyed by the same tensors;
 - its optimizer-state offload also moves AdamW's ``step`` counters, which torch keeps on the host,
-  to the device on reload: lrft moves the moments itself and leaves ``step`` alone.
+  to the device on reload: lrft moves the moments itself and leaves ``step`` alone;
+- ZeRO-3's ``lp_params`` offload re-points every parameter of the module into the flat buffer of
+  the trained ones, which with frozen parameters (a LoRA model's base) overruns it: lrft then
+  offloads that buffer itself, as DeepSpeed would for the trained parameters alone (its reload is
+  right), and moves the frozen parameters' shards one by one.
 
 Every tensor lrft moves keeps its identity (its ``.data`` is swapped, as DeepSpeed does for
 ``exp_avg``/``exp_avg_sq``): a moment replaced by a host copy in AdamW's state dict would stay on
@@ -108,6 +112,7 @@ class TrainStates:
         )
         self._stage3 = isinstance(zero, DeepSpeedZeroOptimizer_Stage3)
         self._pending_stage3_grads = False
+        self._frozen = [p for p in engine.module.parameters() if not p.requires_grad]
 
     @property
     def inner_optimizer(self) -> torch.optim.Optimizer:
@@ -133,6 +138,9 @@ class TrainStates:
             self._pending_stage3_grads = any(grads is not None for grads in pending)
         self._move_own(part, _HOST)
         states = self._engine_states(part)
+        if part is ModelPart.PARAMETERS and self._stage3 and self._frozen:
+            self._offload_stage3_parameters()
+            return
         if states:
             # Pinned host memory needs an accelerator.
             pin = self._device.type == "cuda"
@@ -154,6 +162,24 @@ class TrainStates:
         if part is ModelPart.GRADIENTS and self._pending_stage3_grads:
             self._relink_stage3_grads()
 
+    def _offload_stage3_parameters(self) -> None:
+        """DeepSpeed 0.19.8's ``lp_params`` offload for a model with frozen parameters (see
+        the module notes); its ``reload_states`` brings the flat buffer back."""
+        from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
+        from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+        from deepspeed.runtime.zero.utils import get_mapping_to_flat_buffer
+
+        zero = self._zero
+        assert isinstance(zero, DeepSpeedZeroOptimizer_Stage3)
+        host = zero.lp_param_buffer.to(_HOST)
+        if self._device.type == "cuda":
+            host = host.pin_memory()
+        zero.lp_param_buffer.data = host
+        for tensor, offset, numel in get_mapping_to_flat_buffer(zero._get_parameter_partitions()):
+            tensor.data = host.narrow(0, offset, numel)
+        zero.fp16_partitioned_groups_flat.clear()
+        zero.offloaded_states.add(OffloadStateTypeEnum.lp_params)
+
     def _relink_stage3_grads(self) -> None:
         from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
 
@@ -165,6 +191,10 @@ class TrainStates:
         self._pending_stage3_grads = False
 
     def _move_own(self, part: ModelPart, target: torch.device) -> None:
+        if part is ModelPart.PARAMETERS and self._stage3:
+            for param in self._frozen:
+                shard = _shard(param)
+                shard.data = shard.data.to(target)
         if part is ModelPart.OPTIMIZER:
             for _, _, value in optimizer_moments(self.inner_optimizer):
                 _move_storage(value, target)

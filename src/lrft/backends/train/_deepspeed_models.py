@@ -15,11 +15,18 @@ import torch.distributed as dist
 from torch.optim.lr_scheduler import LambdaLR
 
 from lrft.api.errors import LrftError
-from lrft.api.types import ModelPart, StepReport
+from lrft.api.types import ModelPart, StepReport, WeightsMark, WeightsUpdate
 from lrft.backends.train import _deepspeed_memory as memory
 from lrft.backends.train._names import hf_name
 from lrft.backends.train._placement import OffloadableModel, TrainableParts
 from lrft.backends.train._training import barrier
+from lrft.backends.train._weights_layout import (
+    Unit,
+    WeightMarks,
+    pack_units,
+    unit_tensor,
+    weights_units,
+)
 
 if TYPE_CHECKING:
     from deepspeed.runtime.engine import DeepSpeedEngine
@@ -30,6 +37,7 @@ CHECKPOINT_TAG = "deepspeed"
 _STEPS_KEY = "lrft_optimizer_steps"
 
 NamedParameters = list[tuple[str, torch.nn.Parameter]]
+Bucket = list[tuple[str, torch.Tensor]]
 
 
 def full_numel(param: torch.nn.Parameter) -> int:
@@ -50,35 +58,34 @@ def hf_named_parameters(module: torch.nn.Module) -> NamedParameters:
 
 
 @torch.no_grad()
-def _bucket_copies(named: NamedParameters) -> list[tuple[str, torch.Tensor]]:
-    partitioned = [param for _, param in named if is_partitioned(param)]
+def _unit_copies(bucket: list[Unit], params: list[torch.nn.Parameter]) -> Bucket:
+    """The weights of ``bucket``'s units, gathering their partitioned parameters at once."""
+    partitioned = [params[i] for unit in bucket for i in unit.sources if is_partitioned(params[i])]
     if not partitioned:
         # ZeRO-1/2 parameters and plain replicas are whole on every rank already.
-        return [(name, param.detach()) for name, param in named]
+        return [(u.name, unit_tensor(u, [params[i].detach() for i in u.sources])) for u in bucket]
     from deepspeed.runtime.zero import GatheredParameters
 
-    # Copied inside the context: leaving it releases the gathered storage again.
+    # Copied inside the context: leaving it releases the gathered storage again (a merged
+    # weight is a new tensor already).
     with GatheredParameters(partitioned, modifier_rank=None):
-        return [(name, param.detach().clone()) for name, param in named]
+        out = []
+        for unit in bucket:
+            tensor = unit_tensor(unit, [params[i].detach() for i in unit.sources])
+            out.append((unit.name, tensor if unit.merged else tensor.clone()))
+        return out
 
 
 def gathered_buckets(
-    named: NamedParameters, bucket_bytes: int
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Greedy in-order buckets of full tensors, gathering one bucket at a time. Collective."""
-    bucket: NamedParameters = []
-    size = 0
-    for name, param in named:
-        # Sized from the full shape before gathering: the previous bucket is handed out (and
-        # released) before anything of the next one is materialised.
-        nbytes = full_numel(param) * param.element_size()
-        if bucket and size + nbytes > bucket_bytes:
-            yield _bucket_copies(bucket)
-            bucket, size = [], 0
-        bucket.append((name, param))
-        size += nbytes
-    if bucket:
-        yield _bucket_copies(bucket)
+    units: list[Unit], params: list[torch.nn.Parameter], bucket_bytes: int
+) -> Iterator[Bucket]:
+    """Greedy in-order buckets of the units' weights, gathering one bucket at a time.
+    Collective."""
+    # Sized from the full shape before gathering: the previous bucket is handed out (and
+    # released) before anything of the next one is materialised.
+    sizes = [full_numel(params[u.sources[0]]) * params[u.sources[0]].element_size() for u in units]
+    for bucket in pack_units(units, sizes, bucket_bytes):
+        yield _unit_copies(bucket, params)
 
 
 class DeepSpeedFrozenModel(OffloadableModel):
@@ -101,6 +108,11 @@ class DeepSpeedFrozenModel(OffloadableModel):
         super().__init__(device=device, movable=movable)
         self._inner = module
         self._engine = engine
+        named = list(module.named_parameters())
+        self._all_params = [param for _, param in named]
+        # What the parameters yield (a LoRA model's merged weights), and which of them vary.
+        self._units = weights_units(module, [name for name, _ in named], self._all_params)
+        self._marks = WeightMarks(self._units, device)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -120,12 +132,54 @@ class DeepSpeedFrozenModel(OffloadableModel):
         ``gather_dtype`` is not used: ZeRO-3 gathers its partitions in their own dtype (bf16 on
         CUDA already), and the other stages hold whole parameters."""
         del gather_dtype
+        return self._weights(self._units, bucket_bytes)
+
+    def _weights(self, units: list[Unit], bucket_bytes: int) -> Iterator[Bucket]:
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-        named = hf_named_parameters(self._inner)
-        if any(is_partitioned(p) for _, p in named):
+        if any(is_partitioned(p) for p in self._all_params):
             self._require_on_device((ModelPart.PARAMETERS,), "full_weights of ZeRO-3 parameters")
-        return gathered_buckets(named, bucket_bytes)
+        return gathered_buckets(units, self._all_params, bucket_bytes)
+
+    # --- IncrementalWeightSource, and the LoRA model's other weights --------------------------
+
+    def weights_mark(self, held: WeightsMark | None) -> WeightsUpdate:
+        """Fingerprints this rank's partitions (or whole replicas) of the frozen weights'
+        parameters (collective when there are any)."""
+        frozen = [
+            _local(self._all_params[i])
+            for unit in self._units
+            if not unit.varying
+            for i in unit.sources
+        ]
+        return self._marks.update(held, frozen)
+
+    def varying_weights(
+        self, bucket_bytes: int, *, gather_dtype: torch.dtype | None = None
+    ) -> Iterator[Bucket]:
+        del gather_dtype
+        return self._weights([unit for unit in self._units if unit.varying], bucket_bytes)
+
+    def base_weights(
+        self, bucket_bytes: int, *, gather_dtype: torch.dtype | None = None
+    ) -> Iterator[Bucket]:
+        """``full_weights`` with every LoRA adapter left out (the base model's weights)."""
+        del gather_dtype
+        units = [Unit(name=unit.name, sources=unit.sources[:1]) for unit in self._units]
+        return self._weights(units, bucket_bytes)
+
+    @torch.no_grad()
+    def trainable_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter that requires grad, gathered to its full shape, on the host, in the
+        module's own names (a peft model's adapter names). Collective."""
+        named = [(name, p) for name, p in self._inner.named_parameters() if p.requires_grad]
+        partitioned = [p for _, p in named if is_partitioned(p)]
+        if not partitioned:
+            return {name: p.detach().to("cpu", copy=True) for name, p in named}
+        from deepspeed.runtime.zero import GatheredParameters
+
+        with GatheredParameters(partitioned, modifier_rank=None):
+            return {name: p.detach().to("cpu", copy=True) for name, p in named}
 
     def _move_part(self, part: ModelPart, *, to_host: bool) -> None:
         assert part is ModelPart.PARAMETERS, part
@@ -194,8 +248,13 @@ class DeepSpeedTrainableModel(TrainableParts, DeepSpeedFrozenModel):
         self._require_on_device(tuple(ModelPart), "save")
         directory.mkdir(parents=True, exist_ok=True)
         client_state = {_STEPS_KEY: self._steps}
+        # Frozen parameters (a LoRA model's base) come from the pretrained weights.
         self._trained.save_checkpoint(
-            directory, tag=CHECKPOINT_TAG, client_state=client_state, save_latest=False
+            directory,
+            tag=CHECKPOINT_TAG,
+            client_state=client_state,
+            save_latest=False,
+            exclude_frozen_parameters=True,
         )
         barrier()
 
@@ -203,8 +262,13 @@ class DeepSpeedTrainableModel(TrainableParts, DeepSpeedFrozenModel):
         self._require_on_device(tuple(ModelPart), "load")
         if not (directory / CHECKPOINT_TAG).is_dir():
             raise LrftError(f"{directory} is not a deepspeed checkpoint: no {CHECKPOINT_TAG}/")
+        # Not strict: the checkpoint holds no frozen parameters, which keep their values.
         path, client_state = self._trained.load_checkpoint(
-            directory, tag=CHECKPOINT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True
+            directory,
+            tag=CHECKPOINT_TAG,
+            load_module_strict=False,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
         )
         if path is None or client_state is None or _STEPS_KEY not in client_state:
             raise LrftError(f"DeepSpeed could not load the checkpoint in {directory}")
@@ -215,6 +279,12 @@ class DeepSpeedTrainableModel(TrainableParts, DeepSpeedFrozenModel):
             self._states.offload(part)
         else:
             self._states.reload(part)
+
+
+def _local(param: torch.nn.Parameter) -> torch.Tensor:
+    """This rank's own storage of ``param``: its ZeRO-3 partition, or the whole tensor."""
+    shard = getattr(param, "ds_tensor", None)
+    return shard if isinstance(shard, torch.Tensor) else param
 
 
 def _agreed_skip(skipped: bool, device: torch.device) -> bool:

@@ -1,8 +1,9 @@
 """Sharded checkpoints of an FSDP2 model with torch.distributed.checkpoint (DCP).
 
-Every rank writes its own shards of the model and of the AdamW state; rank 0 writes the small
-remainder (scheduler state and the optimizer-step count) as JSON, whose float repr round-trips
-exactly, so a resumed run is bit-exactly the uninterrupted one.
+Every rank writes its own shards of the model's trainable parameters and of the AdamW state;
+rank 0 writes the small remainder (scheduler state and the optimizer-step count) as JSON, whose
+float repr round-trips exactly, so a resumed run is bit-exactly the uninterrupted one. Frozen
+parameters (a LoRA model's base) are not written: they come from the pretrained weights.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -27,6 +29,10 @@ from lrft.api.errors import LrftError
 from lrft.backends.train._training import barrier
 
 TRAIN_STATE_FILE = "lrft_train_state.json"
+_TRAINABLE = StateDictOptions(ignore_frozen_params=True)
+# Loading a state dict without the frozen parameters: DCP has already checked that every
+# trainable parameter was in the checkpoint.
+_INTO_TRAINABLE = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 def save(
@@ -39,11 +45,11 @@ def save(
 ) -> None:
     """Write ``module``, ``optimizer`` and ``scheduler`` into ``directory``. Collective."""
     directory.mkdir(parents=True, exist_ok=True)
-    state: dict[str, Any] = {"model": get_model_state_dict(module)}
+    state: dict[str, Any] = {"model": get_model_state_dict(module, options=_TRAINABLE)}
     # Before the first step AdamW has no state. Asking DCP for it would run a zero-lr "init"
     # step that creates state with step=1, changing the bias correction of the next real step.
     if optimizer_steps > 0:
-        state["optimizer"] = get_optimizer_state_dict(module, optimizer)
+        state["optimizer"] = get_optimizer_state_dict(module, optimizer, options=_TRAINABLE)
     dcp_save(state, checkpoint_id=directory)
     if dist.get_rank() == 0:
         remainder = {"optimizer_steps": optimizer_steps, "scheduler": scheduler.state_dict()}
@@ -60,12 +66,12 @@ def load(
         raise LrftError(f"{directory} is not an fsdp2 checkpoint: {TRAIN_STATE_FILE} is missing")
     remainder = json.loads(state_file.read_text())
     optimizer_steps = int(remainder["optimizer_steps"])
-    state: dict[str, Any] = {"model": get_model_state_dict(module)}
+    state: dict[str, Any] = {"model": get_model_state_dict(module, options=_TRAINABLE)}
     if optimizer_steps > 0:
-        state["optimizer"] = get_optimizer_state_dict(module, optimizer)
+        state["optimizer"] = get_optimizer_state_dict(module, optimizer, options=_TRAINABLE)
     dcp_load(state, checkpoint_id=directory)
-    set_model_state_dict(module, state["model"])
+    set_model_state_dict(module, state["model"], options=_INTO_TRAINABLE)
     if optimizer_steps > 0:
-        set_optimizer_state_dict(module, optimizer, state["optimizer"])
+        set_optimizer_state_dict(module, optimizer, state["optimizer"], options=_TRAINABLE)
     scheduler.load_state_dict(remainder["scheduler"])
     return optimizer_steps

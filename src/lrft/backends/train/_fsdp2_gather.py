@@ -57,6 +57,7 @@ class Entry(NamedTuple):
     full: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # the full tensor's shape, strides
     shard: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())  # this rank's shard's
     exact: bool = True  # every rank holds ``rows`` rows: no padding travels
+    cast: bool = True  # may be cast to a gather dtype (not a weight merged after gathering)
 
 
 def entry_of(name: str, param: torch.Tensor) -> Entry:
@@ -89,7 +90,7 @@ def _contiguous(shape: torch.Size) -> tuple[int, ...]:
 def gathered_dtype(entry: Entry, gather_dtype: torch.dtype | None) -> torch.dtype:
     """``gather_dtype`` for a floating-point parameter row-sharded over several ranks (cast
     before the collective), else the parameter's own."""
-    if gather_dtype is not None and entry.floating and entry.mesh_ranks > 1:
+    if gather_dtype is not None and entry.floating and entry.cast and entry.mesh_ranks > 1:
         return gather_dtype
     return entry.param.dtype
 

@@ -24,8 +24,10 @@ from lrft.backends.train._fsdp2_gather import (
     entry_of,
     gathered_dtype,
 )
+from lrft.backends.train._fsdp2_units import UnitGather, UnitWeights
 from lrft.backends.train._names import hf_name
 from lrft.backends.train._placement import OffloadableModel, TrainableParts, optimizer_moments
+from lrft.backends.train._weights_layout import WeightMarks, weights_units
 
 NAME = "fsdp2"
 
@@ -34,7 +36,7 @@ _NBYTES = operator.attrgetter("nbytes")
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
-class FSDP2FrozenModel(OffloadableModel):
+class FSDP2FrozenModel(UnitWeights, OffloadableModel):
     """A model sharded with FSDP2 for inference. ``offload`` moves its parameters only."""
 
     _backend = NAME
@@ -61,9 +63,15 @@ class FSDP2FrozenModel(OffloadableModel):
         # copies instead): walking the wrapped module costs more than a world-1 sync's copies,
         # and FSDP2 keeps these Parameter objects for the module's life (moves and checkpoint
         # loads replace their data in place).
-        self._entries = [entry_of(hf_name(name), p) for name, p in module.named_parameters()]
+        named = list(module.named_parameters())
+        self._entries = [entry_of(hf_name(name), p) for name, p in named]
         self._names = [entry.name for entry in self._entries]
         self._sharded = [entry.param for entry in self._entries]
+        # What the parameters yield (a LoRA model's merged weights), and which of them vary.
+        self._units = weights_units(module, [name for name, _ in named], self._sharded)
+        self._merges = any(unit.merged for unit in self._units)
+        self._unit_gather = UnitGather(self._entries, device)
+        self._marks = WeightMarks(self._units, device)
         self._all_dtensors = all(isinstance(p, DTensor) for p in self._sharded)
         # bucket_bytes, the shards' sizes and the bucket bounds of the last local sync
         self._last_bounds: tuple[int, list[int], list[tuple[int, int]]] | None = None
@@ -101,6 +109,8 @@ class FSDP2FrozenModel(OffloadableModel):
         reached that bucket issued too."""
         if bucket_bytes <= 0:
             raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+        if self._merges:
+            return self._unit_buckets("full", self._units, bucket_bytes, gather_dtype)
         return self._buckets(bucket_bytes, gather_dtype)
 
     def _buckets(

@@ -35,7 +35,7 @@ from lrft.testing.conformance._sync_proxies import (
 )
 from lrft.testing.conformance.expect import raises
 from lrft.testing.distributed import current_rank_context
-from lrft.testing.models import random_token_batch, tiny_causal_lm
+from lrft.testing.models import random_token_batch
 from lrft.testing.reference import greedy_continuation, model_with_weights
 
 Suite = type[WeightSyncHooks[Any]]
@@ -47,20 +47,23 @@ TRAIN_STEPS = 2
 
 def trained_source(suite: Suite, steps: int = TRAIN_STEPS, *, tied: bool = False) -> TrainableModel:
     """The tiny model (seed 0) trained ``steps`` steps on this rank's share of a batch."""
-    ctx = current_rank_context()
-    q, kv = suite.model_heads
     trainable = suite.make_train_backend().prepare_trainable(
-        tiny_causal_lm(0, num_attention_heads=q, num_key_value_heads=kv, tie_word_embeddings=tied),
-        optimizer=OptimizerConfig(lr=1e-2),
+        suite.make_source_model(tied=tied), optimizer=OptimizerConfig(lr=1e-2)
     )
-    for step in range(steps):
+    train_steps(trainable, range(steps))
+    return trainable
+
+
+def train_steps(trainable: TrainableModel, steps: range) -> None:
+    """Optimizer steps of ``trainable`` on this rank's share of a batch per step."""
+    ctx = current_rank_context()
+    for step in steps:
         ids = random_token_batch(seed=1000 * step + ctx.rank, batch=2, length=16).to(ctx.device)
         trainable.module.train()
         loss = trainable.module(input_ids=ids, labels=ids).loss
         trainable.backward(loss)
         report = trainable.step()
         assert not report.skipped, f"training step {step} of the source was skipped: {report}"
-    return trainable
 
 
 def _gathered(source: TrainableModel) -> dict[str, torch.Tensor]:

@@ -9,8 +9,9 @@ from typing import ClassVar, Generic, TypeVar
 
 import torch
 
-from lrft.api import RolloutEngine, TrainBackend, WeightSync
+from lrft.api import RolloutEngine, TrainableModel, TrainBackend, WeightSync
 from lrft.testing.distributed import DistributedSuite
+from lrft.testing.models import tiny_causal_lm
 
 S = TypeVar("S", bound=WeightSync)
 
@@ -27,6 +28,9 @@ class WeightSyncHooks(DistributedSuite, abc.ABC, Generic[S]):
     #: the size of the TP groups the engines ``make_engine`` builds span: the ranks of one
     #: group fail together in the one-group failure test
     tp_size: ClassVar[int] = 1
+    #: the source model has LoRA adapters (``lrft.testing.lora.LoraSyncModels``): the engine
+    #: must hold their plain merge, and the checks of sending changes only run
+    lora: ClassVar[bool] = False
 
     @classmethod
     @abc.abstractmethod
@@ -50,3 +54,23 @@ class WeightSyncHooks(DistributedSuite, abc.ABC, Generic[S]):
     @abc.abstractmethod
     def read_engine_weights(cls, engine: RolloutEngine) -> Mapping[str, torch.Tensor]:
         """Backdoor: the engine's weights in Hugging Face names, read without its API."""
+
+    @classmethod
+    def make_source_model(cls, *, tied: bool = False) -> torch.nn.Module:
+        """The model the source trains (seed 0): the tiny model with ``model_heads``."""
+        q, kv = cls.model_heads
+        return tiny_causal_lm(
+            0, num_attention_heads=q, num_key_value_heads=kv, tie_word_embeddings=tied
+        )
+
+    @classmethod
+    def source_parameters(cls, source: TrainableModel) -> Mapping[str, torch.Tensor]:
+        """Backdoor: the source's parameters at full shape by ``named_parameters()`` name of the
+        model it wraps, without ``full_weights``. Collective. Needed by the LoRA checks only."""
+        raise NotImplementedError(f"{cls.__name__} gives no source_parameters backdoor")
+
+    @classmethod
+    def expected_weights(cls, parameters: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What the engine must hold for a source whose parameters are ``parameters``: the
+        parameters themselves, or for a LoRA source their plain merge."""
+        return dict(parameters)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from typing import ClassVar, Generic, TypeVar
 
 import torch
@@ -21,6 +22,9 @@ class TrainBackendHooks(DistributedSuite, Generic[B], abc.ABC):
     #: the world size a checkpoint saved at ``world_size`` is loaded at, for backends that
     #: declare ``checkpoint_resharding`` (None: 1, or 2 when ``world_size`` is 1)
     resharding_world_size: ClassVar[int | None] = None
+    #: the model has LoRA adapters (``lrft.testing.lora.LoraTrainModels``): the checks of a
+    #: model that trains its adapters only run
+    lora: ClassVar[bool] = False
 
     # --- what a subclass supplies --------------------------------------------------------------
 
@@ -52,3 +56,17 @@ class TrainBackendHooks(DistributedSuite, Generic[B], abc.ABC):
     def make_model(cls, seed: int, *, tie_word_embeddings: bool = False) -> torch.nn.Module:
         """The model trained by the backend and, separately built, by the reference."""
         return tiny_causal_lm(seed, tie_word_embeddings=tie_word_embeddings)
+
+    @classmethod
+    def full_weights_of(cls, parameters: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What ``full_weights`` must yield for a model whose full-shape parameters are
+        ``parameters`` (by ``named_parameters()`` name): the parameters themselves, or for a
+        LoRA model their plain merge."""
+        return dict(parameters)
+
+    @classmethod
+    def model_for_load(cls, saved_seed: int, fresh_seed: int) -> torch.nn.Module:
+        """A model that only ``load`` of a checkpoint of ``make_model(saved_seed)`` makes equal
+        to it: another seed's model, or, where checkpoints hold the trainable parameters only
+        (LoRA adapters), the same frozen weights with other trainable ones."""
+        return cls.make_model(fresh_seed)

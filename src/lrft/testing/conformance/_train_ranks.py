@@ -228,13 +228,14 @@ def _check_full_weights(
 def full_weights_complete_exact_bucketed(suite: Suite) -> None:
     backend = suite.make_backend()
     for tied in (False, True):
-        plain = host_copies(dict(suite.make_model(3, tie_word_embeddings=tied).named_parameters()))
+        initial = dict(suite.make_model(3, tie_word_embeddings=tied).named_parameters())
+        plain = host_copies(suite.full_weights_of(initial))
         model = trainable_model(suite, backend, 3, tied=tied)
         what = f"full_weights ({'tied' if tied else 'untied'} embeddings)"
         buckets = _check_full_weights(model, plain, what)
         assert buckets >= 4, f"{what}: {buckets} buckets; the bound should force several"
         _train_step(model, None, whole_batch(0, backend), 0)
-        trained = host_copies(suite.gathered_parameters(model))
+        trained = host_copies(suite.full_weights_of(suite.gathered_parameters(model)))
         _check_full_weights(model, trained, f"{what} after a step")
         _check_full_weights(
             model, trained, f"{what} with gather_dtype=float16", gather_dtype=torch.float16
@@ -346,7 +347,9 @@ def save_load_resumes_bit_exactly(suite: Suite) -> None:
             _train_step(model, None, whole_batch(step, backend), step)
     saved.save(directory)
     # A fresh backend and model with different initial weights: only load() can make it equal.
-    resumed = trainable_model(suite, suite.make_backend(), 8)
+    resumed = suite.make_backend().prepare_trainable(
+        suite.model_for_load(7, 8), optimizer=OPTIMIZER, scheduler=SCHEDULE
+    )
     resumed.load(directory)
     if resumed.optimizer_steps != 2:
         raise AssertionError(f"a loaded model reports {resumed.optimizer_steps} steps, not 2")
@@ -375,7 +378,8 @@ def frozen_matches_plain_model(suite: Suite) -> float:
         got = {"logits": frozen.module(input_ids=tokens).logits}
         want = {"logits": plain(input_ids=tokens).logits}
     worst = assert_close(got, want, "frozen model logits")
-    _check_full_weights(frozen, host_copies(dict(plain.named_parameters())), "frozen full_weights")
+    expected = host_copies(suite.full_weights_of(dict(plain.named_parameters())))
+    _check_full_weights(frozen, expected, "frozen full_weights")
     return worst
 
 

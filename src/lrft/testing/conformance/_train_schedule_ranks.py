@@ -123,7 +123,7 @@ def resume_at_another_world_size(suite: Suite, directory: Path, saved_at: int) -
     backend = suite.make_backend()
     require(backend, "checkpoint_resharding")
     resumed = backend.prepare_trainable(
-        suite.make_model(14), optimizer=OPTIMIZER, scheduler=SCHEDULE
+        suite.model_for_load(13, 14), optimizer=OPTIMIZER, scheduler=SCHEDULE
     )
     resumed.load(directory)
     if resumed.optimizer_steps != 2:

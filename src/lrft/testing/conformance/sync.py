@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pytest
 
+from lrft.testing.conformance._sync_changes_checks import check_merged_sync_and_changes_only
 from lrft.testing.conformance._sync_checks import (
     check_corruption_detected,
     check_failing_source_drains,
@@ -67,6 +68,7 @@ __all__ = [
     "WeightSyncSuite",
     "check_corruption_detected",
     "check_failing_source_drains",
+    "check_merged_sync_and_changes_only",
     "check_misdirected_writes_detected",
     "check_sync_after_training",
     "check_sync_casts",
@@ -141,3 +143,8 @@ class WeightSyncSuite(WeightSyncHooks[S]):
 
     def test_sync_to_an_engine_on_another_device(self, pool: RankPool, model_dir: Path) -> None:
         pool.run(check_sync_to_another_device, type(self), model_dir)
+
+    def test_lora_source_is_merged_and_sends_changes_only(
+        self, pool: RankPool, model_dir: Path
+    ) -> None:
+        pool.run(check_merged_sync_and_changes_only, type(self), model_dir)

@@ -35,6 +35,10 @@ from pathlib import Path
 import pytest
 
 from lrft.testing.conformance._train_hooks import B, TrainBackendHooks
+from lrft.testing.conformance._train_lora_ranks import (
+    lora_trains_adapters_only,
+    varying_weights_are_what_training_changes,
+)
 from lrft.testing.conformance._train_ranks import (
     accumulation_matches_one_batch,
     frozen_matches_plain_model,
@@ -64,6 +68,7 @@ __all__ = [
     "frozen_matches_plain_model",
     "frozen_offload_reload",
     "full_weights_complete_exact_bucketed",
+    "lora_trains_adapters_only",
     "non_finite_gradient_skips_step",
     "offload_everything_mid_accumulation",
     "offload_reload_gradients",
@@ -77,6 +82,7 @@ __all__ = [
     "training_matches_reference",
     "unclipped_training_matches_reference",
     "undeclared_offload_raises",
+    "varying_weights_are_what_training_changes",
 ]
 
 
@@ -150,3 +156,9 @@ class TrainBackendSuite(TrainBackendHooks[B]):
 
     def test_frozen_offload_reload(self, pool: RankPool) -> None:
         pool.run(frozen_offload_reload, type(self))
+
+    def test_lora_model_trains_its_adapters_only(self, pool: RankPool) -> None:
+        pool.run(lora_trains_adapters_only, type(self))
+
+    def test_varying_weights_are_what_training_changes(self, pool: RankPool) -> None:
+        pool.run(varying_weights_are_what_training_changes, type(self))

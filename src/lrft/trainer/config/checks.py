@@ -17,7 +17,7 @@ import torch
 
 from lrft.algo import PolicyLossConfig, PolicyLossInputs, advantage_estimators, policy_losses
 from lrft.api.errors import ConfigError
-from lrft.api.redaction import redact
+from lrft.redaction import redact
 from lrft.rewards.retry import retry_backoff_s
 from lrft.trainer.config.choices import ENGINE_MAX_TP
 from lrft.trainer.config.fields import TrainFields
@@ -85,17 +85,24 @@ def check_reward_settings(config: TrainFields) -> None:
     if config.pretrain is not None and config.preset is None and config.reward_count == 0:
         raise ConfigError(
             "pretrain needs a reward: reward_fn (math, or module:function), "
-            "reward_pretrain or remote_rm_url"
+            "reward_pretrain, grm_pretrain or remote_rm_url"
         )
     if config.reward_fn not in (None, "math") and ":" not in str(config.reward_fn):
         raise ConfigError(f"reward_fn {config.reward_fn!r} must be 'math' or 'module:function'")
     if config.pretrain is None and config.preset is None and config.reward_count:
         raise ConfigError(
-            "the built-in demo brings its own reward; reward_fn, reward_pretrain and "
-            "remote_rm_url need --pretrain or --preset"
+            "the built-in demo brings its own reward; reward_fn, reward_pretrain, grm_pretrain "
+            "and remote_rm_url need --pretrain or --preset"
         )
     if not config.remote_rm_url:
-        for name in ("remote_rm_timeout_s", "remote_rm_max_attempts", "remote_rm_auth_env"):
+        for name in (
+            "remote_rm_timeout_s",
+            "remote_rm_max_attempts",
+            "remote_rm_auth_env",
+            "remote_rm_protocol",
+            "remote_rm_batch_size",
+            "remote_rm_max_concurrency",
+        ):
             if getattr(config, name) != _default(config, name):
                 raise ConfigError(f"{name} applies to remote_rm_url, which is not set")
     if config.remote_rm_auth_env and len(config.remote_rm_auth_env) != len(config.remote_rm_url):
@@ -116,9 +123,10 @@ def check_reward_settings(config: TrainFields) -> None:
     if config.reward_weights is not None and len(config.reward_weights) != config.reward_count:
         raise ConfigError(
             f"reward_weights has {len(config.reward_weights)} entries for {config.reward_count} "
-            f"rewards (reward_fn, then each reward_pretrain, then each remote_rm_url): give "
-            f"one weight per reward"
+            f"rewards (reward_fn, then each reward_pretrain, each grm_pretrain, each "
+            f"remote_rm_url): give one weight per reward"
         )
+    check_judge_settings(config)
     if config.cache_dir is not None and config.preset is None:
         raise ConfigError(
             f"cache_dir {config.cache_dir!r} is where presets keep converted models; "
@@ -126,13 +134,56 @@ def check_reward_settings(config: TrainFields) -> None:
         )
 
 
+GRM_SETTINGS = (
+    "grm_template",
+    "grm_max_new_tokens",
+    "grm_apply_chat_template",
+    "grm_unparsable_score",
+)
+"""The fields that configure the generative reward models; each needs ``grm_pretrain``."""
+
+
+def check_judge_settings(config: TrainFields) -> None:
+    """The judges' settings have judges to apply to, their template is valid and has the
+    reference it shows, and per-label recipes replace the weights."""
+    from lrft.rewards.judge_template import load_judge_template
+
+    if not config.grm_pretrain:
+        for name in GRM_SETTINGS:
+            if getattr(config, name) != _default(config, name):
+                raise ConfigError(f"{name} applies to grm_pretrain, which is not set")
+    else:
+        template = load_judge_template(config.grm_template)
+        if template.needs_reference and config.reference_key is None:
+            raise ConfigError(
+                f"grm_template {config.grm_template!r} shows the judge the reference answer: "
+                "set --reference_key"
+            )
+    if config.reward_recipes is not None and config.reward_weights is not None:
+        raise ConfigError(
+            "reward_recipes gives each label its own weights; reward_weights one set for all: "
+            "choose one"
+        )
+
+
+def remote_rounds(config: TrainFields) -> int:
+    """The rounds of POSTs one service call makes for a rollout's samples, all on one rank at
+    worst: ``remote_rm_batch_size`` samples per POST, ``remote_rm_max_concurrency`` at once."""
+    samples = config.rollout_batch_size * config.n_samples_per_prompt
+    if config.remote_rm_batch_size is None:
+        return 1
+    posts = -(-samples // config.remote_rm_batch_size)
+    return -(-posts // config.remote_rm_max_concurrency)
+
+
 def remote_wait_s(config: TrainFields) -> float:
     """How long the reward services keep a rank in the rewards phase when none answers: each
-    tries ``remote_rm_max_attempts`` times, ``remote_rm_timeout_s`` each, with the client's
-    backoff between tries; the services are called one after the other."""
+    POST tries ``remote_rm_max_attempts`` times, ``remote_rm_timeout_s`` each, with the client's
+    backoff between tries, in :func:`remote_rounds` rounds; the services are called one after the
+    other."""
     attempts, timeout = config.remote_rm_max_attempts, config.remote_rm_timeout_s
     waits = sum(retry_backoff_s(failed) for failed in range(1, attempts))
-    return len(config.remote_rm_url) * (attempts * timeout + waits)
+    return len(config.remote_rm_url) * remote_rounds(config) * (attempts * timeout + waits)
 
 
 def _check_remote_wait(config: TrainFields) -> None:
@@ -143,8 +194,9 @@ def _check_remote_wait(config: TrainFields) -> None:
             f"collective_timeout_s {config.collective_timeout_s:g} must exceed the "
             f"{remote_wait_s(config):g} s that {len(config.remote_rm_url)} reward service(s) may "
             f"take when none answers ({config.remote_rm_max_attempts} attempts x "
-            f"remote_rm_timeout_s {config.remote_rm_timeout_s:g}, plus backoff, each): the "
-            "other ranks wait that long at the next collective"
+            f"remote_rm_timeout_s {config.remote_rm_timeout_s:g}, plus backoff, per POST, in "
+            f"{remote_rounds(config)} round(s) of POSTs each): the other ranks wait that long "
+            "at the next collective"
         )
 
 
@@ -368,4 +420,28 @@ def validate_world(config: TrainFields, world_size: int) -> None:
             f"train_batch_size {config.train_batch_size} must equal world size {world_size} x "
             f"micro_train_batch_size {config.micro_train_batch_size} x an integer (gradient "
             f"accumulation steps)"
+        )
+
+
+# --- LoRA --------------------------------------------------------------------------------------
+
+LORA_SETTINGS = ("lora_alpha", "lora_dropout", "target_modules")
+"""The fields that shape the LoRA adapters; each needs ``lora_rank``."""
+LORA_EXTRA = "pip install 'lrft[lora]'"
+
+
+def check_lora_settings(config: TrainFields) -> None:
+    """Adapter settings need adapters (``lora_rank``), and adapters need peft."""
+    if config.lora_rank == 0:
+        for name in LORA_SETTINGS:
+            if getattr(config, name) != _default(config, name):
+                raise ConfigError(
+                    f"{name} {getattr(config, name)!r} shapes LoRA adapters, but lora_rank is "
+                    "0 (the whole model is trained): set lora_rank"
+                )
+        return
+    if importlib.util.find_spec("peft") is None:
+        raise ConfigError(
+            f"lora_rank {config.lora_rank} needs the peft package, which is not installed: "
+            f"{LORA_EXTRA}"
         )

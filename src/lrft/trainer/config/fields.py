@@ -83,18 +83,41 @@ class TrainFields:
     remote_rm_url: tuple[str, ...] = attrs.field(
         default=(), converter=f.reward_urls, validator=f.http_urls, repr=f.redacted_repr
     )
-    """Reward services (JSON over HTTP, see :mod:`lrft.rewards.remote`), one POST per batch.
+    """Reward services (JSON over HTTP, see :mod:`lrft.rewards.remote`): one POST per batch, or
+    per ``remote_rm_batch_size`` samples.
     Credentials in them (``user:password@``, ``?token=...``) are hidden wherever lrft shows or
     saves the config; ``remote_rm_auth_env`` keeps them off the command line."""
     remote_rm_timeout_s: float = attrs.field(default=30.0, validator=f.positive_float)
     remote_rm_max_attempts: int = attrs.field(default=3, validator=f.positive)
+    remote_rm_protocol: str = attrs.field(default="lrft", validator=f.remote_protocol)
+    """The services' request and reply format: ``lrft`` or ``openrlhf`` (OpenRLHF's and
+    LightRFT's ``query``/``prompts``/``labels`` in, ``rewards`` out; see
+    :mod:`lrft.rewards.remote_protocols`)."""
+    remote_rm_batch_size: int | None = attrs.field(default=None, validator=f.optional_positive)
+    """The most samples one POST carries; unset: a rank's whole batch in one POST."""
+    remote_rm_max_concurrency: int = attrs.field(default=1, validator=f.positive)
+    """The most POSTs of one batch in flight at once, per rank and service."""
     remote_rm_auth_env: tuple[str, ...] = attrs.field(default=(), converter=f.auth_env_names)
     """Names of environment variables, one per ``remote_rm_url``, whose values are sent as
     ``Authorization: Bearer <value>`` to that service (an empty entry: no header). The config
     holds only the names; the values are read on each rank when the rewards are built."""
     reward_weights: tuple[float, ...] | None = attrs.field(default=None, converter=f.weights)
-    """One weight per reward, in the order reward_fn, reward_pretrain..., remote_rm_url...; the
-    score is their weighted sum. Unset: every weight 1."""
+    """One weight per reward, in the order reward_fn, reward_pretrain..., grm_pretrain...,
+    remote_rm_url...; the score is their weighted sum. Unset: every weight 1."""
+    grm_pretrain: tuple[str, ...] = attrs.field(default=(), converter=f.grm_paths)
+    """Generative reward models (causal-LM judges), each served by its own hf engine that sleeps
+    outside its call; the parsed verdict is the score (:mod:`lrft.rewards.generative`)."""
+    grm_template: str = "pointwise-boxed"
+    """The judges' template: a built-in name or a JSON/YAML file
+    (:mod:`lrft.rewards.judge_template`)."""
+    grm_max_new_tokens: int = attrs.field(default=64, validator=f.positive)
+    grm_apply_chat_template: bool = False
+    """Wrap each judge prompt in the judge tokenizer's chat template."""
+    grm_unparsable_score: float | None = attrs.field(default=None, validator=f.optional_finite)
+    """The score of a verdict the template cannot read; unset: the template's."""
+    reward_recipes: str | None = None
+    """A JSON/YAML file mapping each data label to ``{reward name: weight}``: per-label weighted
+    sums instead of ``reward_weights`` (:mod:`lrft.trainer.recipes`)."""
     # rollout ---------------------------------------------------------------------------------
     n_samples_per_prompt: int = attrs.field(default=8, validator=f.positive)
     rollout_batch_size: int = attrs.field(default=32, validator=f.positive)
@@ -195,6 +218,17 @@ class TrainFields:
     """A DeepSpeed JSON file merged into the generated config (needs ``zero_stage``)."""
     adam_offload: bool = False
     seed: int = 42
+    # LoRA (lrft.backends.train.lora) ---------------------------------------------------------
+    lora_rank: int = attrs.field(default=0, validator=f.non_negative_int)
+    """Train LoRA adapters of this rank on the actor instead of all its weights (0: off; needs
+    ``pip install 'lrft[lora]'``). The reference policy is then the actor with its adapters
+    disabled, and weight sync sends the merged weights."""
+    lora_alpha: int = attrs.field(default=16, validator=f.positive)
+    """The adapters' scaling is ``lora_alpha / lora_rank``."""
+    lora_dropout: float = attrs.field(default=0.0, validator=f.dropout_probability)
+    target_modules: tuple[str, ...] = attrs.field(default=("all-linear",), converter=f.module_names)
+    """The modules given adapters: names (or name suffixes) of linear modules, or
+    ``all-linear`` (every linear module but the output head)."""
     # bookkeeping -----------------------------------------------------------------------------
     save_path: str = "./lrft_output"
     ckpt_path: str | None = None
@@ -250,6 +284,12 @@ class TrainFields:
 
     @property
     def reward_count(self) -> int:
-        """How many rewards are combined: reward_fn, each reward model, each remote service."""
+        """How many rewards are combined: reward_fn, each reward model, each judge, each remote
+        service."""
         # Derived, yet here: the checks count the rewards.
-        return (self.reward_fn is not None) + len(self.reward_pretrain) + len(self.remote_rm_url)
+        return (
+            (self.reward_fn is not None)
+            + len(self.reward_pretrain)
+            + len(self.grm_pretrain)
+            + len(self.remote_rm_url)
+        )

@@ -123,12 +123,15 @@ def validate_inputs(config: TrainFields) -> None:
         check_model_folder("pretrain", config.pretrain, tokenizer=True)
     for path in config.reward_pretrain:
         check_model_folder("reward_pretrain", path, tokenizer=True)
+    for path in config.grm_pretrain:
+        check_model_folder("grm_pretrain", path, tokenizer=True)
     if config.critic_pretrain is not None:
         # The critic is scored on the actor's tokens: it needs no tokenizer of its own.
         check_model_folder("critic_pretrain", config.critic_pretrain, tokenizer=False)
     _check_exists("prompt_data", config.prompt_data, _DATA)
     _check_exists("eval_dataset", config.eval_dataset, _DATA)
     _check_exists("deepspeed_config", config.deepspeed_config, "a DeepSpeed JSON file")
+    _check_exists("reward_recipes", config.reward_recipes, "a JSON or YAML file of recipes")
     check_auth_variables(config)
     _check_vision_model(config)
 

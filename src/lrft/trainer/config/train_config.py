@@ -20,6 +20,7 @@ import attrs
 
 from lrft.algo import AdvantageParams, AggregationMode, PolicyLossConfig, advantage_estimators
 from lrft.api.errors import ConfigError
+from lrft.backends.train.lora import LoraSettings
 from lrft.trainer.config import checks, inputs
 from lrft.trainer.config.fields import TrainFields
 
@@ -52,6 +53,7 @@ class TrainConfig(TrainFields):
         checks.check_policy_loss(self, self.policy_loss_config())
         checks.check_observability_settings(self)
         checks.check_engine_settings(self)
+        checks.check_lora_settings(self)
         checks.check_media_settings(self)
 
     def validate_world(self, world_size: int) -> None:
@@ -175,6 +177,18 @@ class TrainConfig(TrainFields):
             return 1
         rounds = self.max_num_gen_batches
         return DEFAULT_MAX_NUM_GEN_BATCHES if rounds is None else rounds
+
+    @property
+    def lora(self) -> LoraSettings | None:
+        """The actor's LoRA adapters; ``None`` when it trains all its weights (``lora_rank`` 0)."""
+        if self.lora_rank == 0:
+            return None
+        return LoraSettings(
+            rank=self.lora_rank,
+            alpha=self.lora_alpha,
+            dropout=self.lora_dropout,
+            target_modules=self.target_modules,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)

@@ -16,8 +16,8 @@ import attrs
 
 from lrft.algo import AGGREGATION_MODES, advantage_estimators, kl_estimators, policy_losses
 from lrft.api.errors import ConfigError
-from lrft.api.redaction import redact
 from lrft.api.validators import optional, positive_int
+from lrft.redaction import redact
 from lrft.trainer.config.choices import DEMO_NAMES, ENGINE_MAX_TP, HF_DECODE_PATHS, PRESET_NAMES
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -63,6 +63,14 @@ optional_non_negative = optional(non_negative)
 optional_positive_float = optional(positive_float)
 optional_unit_interval = optional(_unit_interval)
 optional_fraction = optional(_fraction)
+
+
+def _finite(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not _is_number(value) or not math.isfinite(value):
+        raise ConfigError(f"{attribute.name} must be a finite number, got {value!r}")
+
+
+optional_finite = optional(_finite)
 
 
 def token_ratio(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -155,6 +163,13 @@ def redacted_repr(value: object) -> str:
     return repr(redact(value))
 
 
+def remote_protocol(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    from lrft.rewards.remote_protocols import PROTOCOLS
+
+    if value not in PROTOCOLS:
+        raise ConfigError(f"{attribute.name} {value!r} is unknown; choose one of {list(PROTOCOLS)}")
+
+
 def http_urls(_: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
     for url in value:
         parts = urllib.parse.urlsplit(url)
@@ -199,6 +214,10 @@ def reward_urls(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, .
     return _items(value, "remote_rm_url")
 
 
+def grm_paths(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    return _items(value, "grm_pretrain")
+
+
 def auth_env_names(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
     """``remote_rm_auth_env``: variable names, one per URL; an empty entry sends no header."""
     if value is None:
@@ -228,3 +247,25 @@ def weights(value: str | list[float] | tuple[float, ...] | None) -> tuple[float,
     if not weights or not all(math.isfinite(w) for w in weights):
         raise ConfigError(f"reward_weights {value!r} must be one or more finite numbers")
     return weights
+
+
+# --- LoRA --------------------------------------------------------------------------------------
+
+
+def non_negative_int(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{attribute.name} must be an integer >= 0, got {value!r}")
+
+
+def dropout_probability(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not _is_number(value) or not 0.0 <= value < 1.0:
+        raise ConfigError(f"{attribute.name} must be in [0, 1), got {value!r}")
+
+
+def module_names(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``target_modules``: names given as a list, space-separated values or commas."""
+    items = [value] if isinstance(value, str) else list(value)
+    names = tuple(part.strip() for item in items for part in str(item).split(",") if part.strip())
+    if not names:
+        raise ConfigError(f"target_modules must name at least one module, got {value!r}")
+    return names

@@ -25,6 +25,7 @@ from lrft.trainer.demo.model import ASSETS_DIR, load_model, load_tokenizer
 from lrft.trainer.demo.reward import AdditionReward, exact_answer
 from lrft.trainer.demo.settings import (
     DEMO_CRITIC_SETTINGS,
+    DEMO_LORA_SETTINGS,
     DEMO_REWARD,
     DEMO_SETTINGS,
     chosen_demo_config,
@@ -47,6 +48,7 @@ from lrft.trainer.demo.task import (
 __all__ = [
     "ASSETS_DIR",
     "DEMO_CRITIC_SETTINGS",
+    "DEMO_LORA_SETTINGS",
     "DEMO_REWARD",
     "DEMO_SETTINGS",
     "INPUT_KEY",

@@ -43,6 +43,12 @@ DEMO_CRITIC_SETTINGS: dict[str, object] = {"critic_learning_rate": 1e-3}
 from nothing, and at this rate its value loss falls about fourfold within the 40 steps."""
 
 
+DEMO_LORA_SETTINGS: dict[str, object] = {"actor_learning_rate": 2e-3}
+"""Added to :data:`DEMO_SETTINGS` when the actor trains LoRA adapters (``--lora_rank``): rank-8
+adapters at the full model's rate (3e-4) reach 0.83 held-out accuracy in the 40 steps, at this
+rate 0.92, as the full model does (docs/lora.md)."""
+
+
 def demo_settings(values: Mapping[str, object]) -> dict[str, object]:
     """The demo's defaults for a command line whose own settings are ``values`` (the vision
     demo's with ``demo`` ``vision``)."""
@@ -53,9 +59,12 @@ def demo_settings(values: Mapping[str, object]) -> dict[str, object]:
     estimator = values.get(
         "advantage_estimator", attrs.fields_dict(TrainConfig)["advantage_estimator"].default
     )
+    settings = dict(DEMO_SETTINGS)
     if isinstance(estimator, str) and estimator in value_based_estimators():
-        return {**DEMO_SETTINGS, **DEMO_CRITIC_SETTINGS}
-    return dict(DEMO_SETTINGS)
+        settings.update(DEMO_CRITIC_SETTINGS)
+    if values.get("lora_rank") not in (None, 0):
+        settings.update(DEMO_LORA_SETTINGS)
+    return settings
 
 
 def chosen_demo_config(config: TrainConfig, rank: int) -> TrainConfig:

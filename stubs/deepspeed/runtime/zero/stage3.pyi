@@ -9,4 +9,8 @@ class DeepSpeedZeroOptimizer_Stage3:
     offloaded_states: set[OffloadStateTypeEnum]
     # per sub-group, this rank's reduced gradient partitions (None once step() used them)
     averaged_gradients: dict[int, list[torch.Tensor] | None]
+    # the trained parameters' partitions, one flat buffer (their ds_tensors are views of it)
+    lp_param_buffer: torch.Tensor
+    fp16_partitioned_groups_flat: list[torch.Tensor]
     def independent_gradient_partition_epilogue(self) -> None: ...
+    def _get_parameter_partitions(self) -> list[torch.Tensor]: ...
