@@ -111,11 +111,22 @@ def _logprob_gaps(root: Path, backend_name: str) -> tuple[float, float, bool]:
     return gaps[0], gaps[1], padding_zero
 
 
-def _frozen_tower_step(root: Path, backend_name: str) -> dict[str, list[str]]:
+def _plain_gradient_norm(model_dir: Path, sequences: Sequences) -> float:
+    """The global gradient norm of the same loss on the plain, unwrapped model."""
+    model = load_reference_vlm(model_dir)
+    freeze_vision_tower(model)
+    loss = -response_logprobs(model, sequences, temperature=1.0, device=CPU).sum()
+    torch.autograd.backward(loss)
+    grads = [p.grad.double() for p in model.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+
+
+def _frozen_tower_step(root: Path, backend_name: str) -> dict[str, object]:
     """Which full weights changed in one step of a policy-gradient-like loss, with the vision
-    tower frozen before wrapping."""
+    tower frozen before wrapping, and the step's gradient norm beside the plain model's."""
     model_dir = _prepare(root)
     _, sequences = _rows(model_dir)
+    plain_norm = _plain_gradient_norm(model_dir, sequences)
     model = load_generative_model(model_dir, dtype=torch.float32)
     freeze_vision_tower(model)
     actor = _backend(backend_name).prepare_trainable(model, optimizer=OptimizerConfig(lr=1e-2))
@@ -130,11 +141,21 @@ def _frozen_tower_step(root: Path, backend_name: str) -> dict[str, list[str]]:
     assert report.skipped is False
     after = weights()
     moved = sorted(n for n in after if not torch.equal(after[n], before[n]))
-    return {"names": sorted(after), "moved": moved}
+    return {
+        "names": sorted(after),
+        "moved": moved,
+        "grad_norm": report.grad_norm,
+        "plain_grad_norm": plain_norm,
+    }
 
 
-def _check_frozen(result: dict[str, list[str]]) -> None:
-    names, moved = result["names"], set(result["moved"])
+def _check_frozen(result: dict[str, object]) -> None:
+    names, moved_names = result["names"], result["moved"]
+    assert isinstance(names, list)
+    assert isinstance(moved_names, list)
+    moved = set(moved_names)
+    # the wrapped step saw the gradients of the plain model (every rank has the same rows)
+    assert result["grad_norm"] == pytest.approx(result["plain_grad_norm"], rel=1e-5), result
     tower = [n for n in names if ".visual." in n and ".merger." not in n]
     projector = [n for n in names if ".visual.merger." in n]
     language = [n for n in names if ".language_model." in n]
