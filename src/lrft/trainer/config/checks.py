@@ -395,15 +395,21 @@ def check_media_settings(config: TrainFields) -> None:
             f"limit_mm_image_per_prompt {config.limit_mm_image_per_prompt} needs images_key "
             "(without it no prompt has images)"
         )
+    if config.images_key is not None and config.engine_type != "hf":
+        raise ConfigError(
+            f"images_key {config.images_key!r} with engine_type {config.engine_type!r}: only the "
+            "hf engine generates from images (docs/multimodal.md says why vllm does not)"
+        )
     if (
         config.images_key is not None
         and advantage_estimators.get(config.advantage_estimator).needs_values
     ):
+        valueless = [n for n in advantage_estimators.names() if n not in value_based_estimators()]
         raise ConfigError(
             f"images_key {config.images_key!r} with advantage_estimator "
             f"{config.advantage_estimator!r}: the critic does not see images (its "
             "token-classification form has no vision tower); choose an estimator without "
-            f"values ({', '.join(n for n in advantage_estimators.names() if n not in value_based_estimators())})"
+            f"values ({', '.join(valueless)})"
         )
     if config.demo != "addition" and config.preset is not None:
         raise ConfigError(
