@@ -1,0 +1,46 @@
+"""The rules of :class:`lrft.trainer.config.TrainConfig` on its media settings (vision-language
+models): what images and the vision demo need, and what does not take images yet. Run by
+``TrainConfig`` at construction, after the rules of :mod:`lrft.trainer.config.checks`."""
+
+from __future__ import annotations
+
+from lrft.algo import advantage_estimators
+from lrft.api.errors import ConfigError
+from lrft.trainer.config.checks import value_based_estimators
+from lrft.trainer.config.fields import TrainFields
+
+
+def check_media_settings(config: TrainFields) -> None:
+    """The media settings need what they act on: images need the chat template, the image limit
+    needs images."""
+    if config.images_key is not None and not config.apply_chat_template:
+        raise ConfigError(
+            f"images_key {config.images_key!r} needs apply_chat_template: the model's chat "
+            "template writes the image placeholders its processor expands"
+        )
+    if config.limit_mm_image_per_prompt is not None and config.images_key is None:
+        raise ConfigError(
+            f"limit_mm_image_per_prompt {config.limit_mm_image_per_prompt} needs images_key "
+            "(without it no prompt has images)"
+        )
+    if config.images_key is not None and config.engine_type != "hf":
+        raise ConfigError(
+            f"images_key {config.images_key!r} with engine_type {config.engine_type!r}: only the "
+            "hf engine generates from images (docs/multimodal.md says why vllm does not)"
+        )
+    if (
+        config.images_key is not None
+        and advantage_estimators.get(config.advantage_estimator).needs_values
+    ):
+        valueless = [n for n in advantage_estimators.names() if n not in value_based_estimators()]
+        raise ConfigError(
+            f"images_key {config.images_key!r} with advantage_estimator "
+            f"{config.advantage_estimator!r}: the critic does not see images (its "
+            "token-classification form has no vision tower); choose an estimator without "
+            f"values ({', '.join(valueless)})"
+        )
+    if config.demo != "addition" and config.preset is not None:
+        raise ConfigError(
+            f"demo {config.demo!r} runs only when no preset (and no pretrain) is given: it brings "
+            "its own model and data"
+        )
