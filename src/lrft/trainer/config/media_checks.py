@@ -39,6 +39,13 @@ def check_media_settings(config: TrainFields) -> None:
             "token-classification form has no vision tower); choose an estimator without "
             f"values ({', '.join(valueless)})"
         )
+    if config.freeze_vision_tower and config.lora_rank > 0:
+        raise ConfigError(
+            f"freeze_vision_tower with lora_rank {config.lora_rank}: LoRA keeps every base "
+            "weight as loaded already, and adapters on the tower's layers would still train it; "
+            "leave the tower without adapters by naming the language model's projections in "
+            "target_modules (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"
+        )
     if config.demo != "addition" and config.preset is not None:
         raise ConfigError(
             f"demo {config.demo!r} runs only when no preset (and no pretrain) is given: it brings "
