@@ -4,9 +4,7 @@ models): what images and the vision demo need, and what does not take images yet
 
 from __future__ import annotations
 
-from lrft.algo import advantage_estimators
 from lrft.api.errors import ConfigError
-from lrft.trainer.config.checks import value_based_estimators
 from lrft.trainer.config.fields import TrainFields
 
 
@@ -27,17 +25,6 @@ def check_media_settings(config: TrainFields) -> None:
         raise ConfigError(
             f"images_key {config.images_key!r} with engine_type {config.engine_type!r}: only the "
             "hf engine generates from images (docs/multimodal.md says why vllm does not)"
-        )
-    if (
-        config.images_key is not None
-        and advantage_estimators.get(config.advantage_estimator).needs_values
-    ):
-        valueless = [n for n in advantage_estimators.names() if n not in value_based_estimators()]
-        raise ConfigError(
-            f"images_key {config.images_key!r} with advantage_estimator "
-            f"{config.advantage_estimator!r}: the critic does not see images (its "
-            "token-classification form has no vision tower); choose an estimator without "
-            f"values ({', '.join(valueless)})"
         )
     if config.freeze_vision_tower and config.lora_rank > 0:
         raise ConfigError(
