@@ -115,8 +115,8 @@ def test_engine_capability_names() -> None:
     caps = EngineCapabilities(sleep_levels=[2, 1], max_tp=4, returns_logprobs=True)
     assert caps.names() == {"sleep_level_1", "sleep_level_2", "tensor_parallel", "returns_logprobs"}
     assert EngineCapabilities().names() == frozenset()
-    full = EngineCapabilities(sleep_frees_memory=True, multimodal=True, needs_cuda=True)
-    assert full.names() == {"sleep_frees_memory", "multimodal", "needs_cuda"}
+    full = EngineCapabilities(sleep_frees_memory=True, images=True, audio=True, needs_cuda=True)
+    assert full.names() == {"sleep_frees_memory", "images", "audio", "needs_cuda"}
 
 
 def test_engine_capabilities_reject_unknown_levels_and_tp() -> None:

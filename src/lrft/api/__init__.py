@@ -1,5 +1,6 @@
 """lrft's typed contracts: Protocols, value types, capabilities, errors and the definition of a
-tensor digest (torch only), and the multi-turn contracts (environments, tools)."""
+tensor digest (torch only), the multimodal inputs (images, audio), and the multi-turn contracts
+(environments, tools)."""
 
 from lrft.api.capabilities import (
     EngineCapabilities,
@@ -29,6 +30,7 @@ from lrft.api.errors import (
     WeightLoadError,
     WeightSyncError,
 )
+from lrft.api.media import MODALITIES, AudioClip, MediaInputs, Modality, ProcessedMedia
 from lrft.api.optim import OptimizerConfig, SchedulerConfig
 from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec
 from lrft.api.protocols import (
@@ -63,6 +65,8 @@ from lrft.api.types import (
 )
 
 __all__ = [
+    "MODALITIES",
+    "AudioClip",
     "CapabilityNotSupported",
     "ChatMessage",
     "CollectiveTimeout",
@@ -86,11 +90,14 @@ __all__ = [
     "IncrementalWeightSource",
     "Location",
     "LrftError",
+    "MediaInputs",
+    "Modality",
     "ModelPart",
     "ModelTurn",
     "NamedTensors",
     "OptimizerConfig",
     "Placement",
+    "ProcessedMedia",
     "RolloutEngine",
     "SamplingParams",
     "SchedulerConfig",

@@ -11,6 +11,7 @@ import attrs
 
 from lrft.api import validators as v
 from lrft.api.errors import CapabilityNotSupported
+from lrft.api.media import MODALITIES
 from lrft.api.types import ModelPart
 
 
@@ -61,7 +62,8 @@ class EngineCapabilities:
         a no-op, e.g. vLLM on CPU; the state machine still applies).
     max_tp: the largest tensor-parallel group it can span.
     returns_logprobs: it can return per-token logprobs.
-    multimodal: it accepts ``GenerationRequest.multimodal`` inputs.
+    images: it generates from requests whose media hold images (``lrft.api.media``).
+    audio: it generates from requests whose media hold audio clips.
     needs_cuda: it only runs on CUDA devices.
     loads_in_place: its ``weight_update`` yields an ``InPlaceWeightLoader``, which lends the
         storage the engine serves each weight from.
@@ -71,7 +73,8 @@ class EngineCapabilities:
     sleep_frees_memory: bool = False
     max_tp: int = attrs.field(default=1, validator=v.positive)
     returns_logprobs: bool = False
-    multimodal: bool = False
+    images: bool = False
+    audio: bool = False
     needs_cuda: bool = False
     loads_in_place: bool = False
 
@@ -81,7 +84,7 @@ class EngineCapabilities:
             names.add("sleep_frees_memory")
         if self.max_tp > 1:
             names.add("tensor_parallel")
-        for flag in ("returns_logprobs", "multimodal", "needs_cuda", "loads_in_place"):
+        for flag in ("returns_logprobs", *MODALITIES, "needs_cuda", "loads_in_place"):
             if getattr(self, flag):
                 names.add(flag)
         return frozenset(names)

@@ -321,7 +321,13 @@ class RolloutEngine(Protocol):
     ) -> list[GenerationResult]:
         """Generate ``params.n`` samples per request; results are request-major (see
         ``GenerationResult``) and belong to this rank's requests only, in their order. A
-        request's own ``max_new_tokens`` caps its samples (``GenerationRequest.capped``)."""
+        request's own ``max_new_tokens`` caps its samples (``GenerationRequest.capped``).
+
+        A request's media condition its samples; a modality the engine does not declare raises
+        ``CapabilityNotSupported`` before any work. An engine serving a model that takes media
+        never samples the model's media placeholder ids (image, video, audio pad tokens): a
+        response holding one could not be read back with the prompt's media. Logprobs are of
+        the unmasked distribution, as for the stop ids masked before ``min_new_tokens``."""
         ...
 
     def sleep(self, level: int) -> None: ...

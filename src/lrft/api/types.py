@@ -7,13 +7,13 @@ reported where it is made, with the field and the rule, not deep inside an engin
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from typing import Any, Literal
 
 import attrs
 import torch
 
 from lrft.api import validators as v
+from lrft.api.media import MediaInputs
 
 
 def _int_tuple(values: Any) -> tuple[int, ...]:
@@ -59,7 +59,12 @@ class SamplingParams:
 
 @attrs.frozen(kw_only=True)
 class GenerationRequest:
-    """One prompt as token ids; ``multimodal`` carries engine-specific inputs such as images.
+    """One prompt as token ids, with its media (images, audio) when it has any.
+
+    ``media``: the prompt's :class:`~lrft.api.media.MediaInputs`. When they are processed,
+    ``prompt_token_ids`` must be their expanded ids (the placeholders the model's processor
+    wrote, one per feature). An engine refuses a request whose modalities it does not declare
+    (``CapabilityNotSupported``), before any work.
 
     ``max_new_tokens``, when set, caps this request's completions below the call's
     ``SamplingParams.max_new_tokens`` (a per-request budget, e.g. what is left of a multi-turn
@@ -73,12 +78,19 @@ class GenerationRequest:
         converter=_int_tuple, validator=v.non_negative_ints
     )
     request_id: str = ""
-    multimodal: Mapping[str, Any] | None = None
+    media: MediaInputs | None = None
     max_new_tokens: int | None = attrs.field(default=None, validator=v.optional(v.positive_int))
 
     def __attrs_post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise ValueError(f"prompt_token_ids must not be empty (request {self.request_id!r})")
+        processed = None if self.media is None else self.media.processed
+        if processed is not None and processed.prompt_token_ids != self.prompt_token_ids:
+            raise ValueError(
+                f"request {self.request_id!r}: prompt_token_ids ({len(self.prompt_token_ids)} "
+                f"tokens) are not the processed media's expanded prompt "
+                f"({len(processed.prompt_token_ids)} tokens); pass the processor's ids"
+            )
 
     def capped(self, params: SamplingParams) -> SamplingParams:
         """``params`` with this request's ``max_new_tokens`` applied (``params`` itself when

@@ -18,6 +18,7 @@ from lrft.backends import registry
 from lrft.rewards.judge_template import JUDGE_TEMPLATES
 from lrft.rewards.remote_protocols import PROTOCOLS
 from lrft.trainer.config import (
+    DEMO_NAMES,
     HF_DECODE_PATHS,
     PRESET_NAMES,
     TrainConfig,
@@ -25,12 +26,14 @@ from lrft.trainer.config import (
 )
 from lrft.trainer.config.validators import ATTENTION_KERNELS, LR_SCHEDULERS
 from lrft.trainer.demo import DEMO_CRITIC_SETTINGS, DEMO_LORA_SETTINGS, DEMO_SETTINGS
+from lrft.trainer.demo.vision.settings import VISION_DEMO_SETTINGS
 
 
 class FlagGroup(enum.Enum):
     """The sections of ``lrft train --help``, in the order shown; the value is the title."""
 
     MODEL_AND_DATA = "model and data"
+    MEDIA = "images (vision-language models)"
     REWARDS = "rewards"
     ROLLOUT = "rollout and sampling"
     ENGINE = "rollout engine"
@@ -143,6 +146,43 @@ FLAGS: tuple[Flag, ...] = (
         group=FlagGroup.MODEL_AND_DATA,
         kind=int,
         help="read only the first N held-out rows",
+    ),
+    Flag(
+        name="demo",
+        group=FlagGroup.MEDIA,
+        kind=str,
+        choices=DEMO_NAMES,
+        help="the built-in demo run when no --pretrain or --preset is given: addition (a tiny "
+        "Qwen2 learns two-digit sums) or vision (a tiny Qwen2-VL learns to count shapes in "
+        "images; needs pillow: pip install 'lrft[data]')",
+    ),
+    Flag(
+        name="images_key",
+        group=FlagGroup.MEDIA,
+        kind=str,
+        help="column holding each prompt's images: one or a list of paths (relative to the data "
+        "file), bytes or {bytes, path} records; place them with <image> in the prompt (else they "
+        "come first). Needs a vision-language --pretrain and --apply_chat_template; every image "
+        "is read and checked before training starts",
+    ),
+    Flag(
+        name="limit_mm_image_per_prompt",
+        group=FlagGroup.MEDIA,
+        kind=int,
+        help="a prompt with more images fails the start-up data check (needs --images_key)",
+    ),
+    Flag(
+        name="max_image_pixels",
+        group=FlagGroup.MEDIA,
+        kind=int,
+        help="an image with more pixels (width x height) fails the start-up data check",
+    ),
+    Flag(
+        name="freeze_vision_tower",
+        group=FlagGroup.MEDIA,
+        kind=bool,
+        help="keep the vision tower's weights as loaded (its projector still trains; the "
+        "optimizer holds no state for the tower)",
     ),
     Flag(
         name="reward_fn",
@@ -893,11 +933,13 @@ def shown_default(flag: Flag) -> str:
             raise TypeError(f"flag {flag.name}: its default is computed; give computed_default")
         return f"default: {flag.computed_default}"
     text = f"default: {_text(default)}"
-    for label, settings in (
+    shown = (
         ("demo", DEMO_SETTINGS),
         ("demo with gae", DEMO_CRITIC_SETTINGS),
         ("demo with --lora_rank", DEMO_LORA_SETTINGS),
-    ):
+        ("vision demo", VISION_DEMO_SETTINGS),
+    )
+    for label, settings in shown:
         if flag.name in settings and settings[flag.name] != default:
             text += f"; {label}: {_text(settings[flag.name])}"
     return text

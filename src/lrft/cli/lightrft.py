@@ -71,9 +71,8 @@ HINTS: dict[str, str] = {
     "rm_engine_cudagraph": "lrft's hf engine decodes with CUDA graphs by itself on CUDA "
     "(--hf_decode): drop the flag",
     "text_only": "lrft reads what a model is from its folder: drop the flag",
-    "mixed_mm_data": "drop the flag",
-    "limit_mm_image_per_prompt": "drop the flag",
-    "freeze_prefix": "lrft trains every weight of the actor: drop the flag",
+    "mixed_mm_data": "lrft batches prompts with and without images together: drop the flag",
+    "freeze_prefix": "lrft's --freeze_vision_tower freezes a vision-language model's tower",
     "no_shard_vit": "drop the flag",
     # algorithm switches that lrft spells as a choice
     "use_gspo": "lrft's --policy_loss_type gspo",

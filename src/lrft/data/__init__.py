@@ -10,12 +10,19 @@
   evaluation set so that every prompt is scored exactly once.
 
 ``pyarrow`` and ``datasets`` are imported only when a Parquet file or a ``datasets`` folder is
-read.
+read; Pillow only when an image is.
+
+Prompts with images (``images_key``) are formatted by the model's own processor
+(:class:`MediaProcessor`, :func:`load_processor`): :mod:`lrft.data.images` reads them,
+:mod:`lrft.data.media` places them in the chat and gives selected samples their media.
 """
 
 from lrft.data.dataset import PromptDataConfig, PromptDataset, load_prompt_dataset
 from lrft.data.errors import PromptDataError
 from lrft.data.formatting import InputTemplate, PromptFormat, format_prompt
+from lrft.data.images import ImageSource
+from lrft.data.media import MediaLoader
+from lrft.data.processor import MediaProcessor, load_processor
 from lrft.data.sampler import (
     DistributedPromptSampler,
     SamplerBatch,
@@ -27,7 +34,10 @@ from lrft.data.types import PromptSample, PromptStats
 
 __all__ = [
     "DistributedPromptSampler",
+    "ImageSource",
     "InputTemplate",
+    "MediaLoader",
+    "MediaProcessor",
     "PromptDataConfig",
     "PromptDataError",
     "PromptDataset",
@@ -40,6 +50,7 @@ __all__ = [
     "SourceRow",
     "eval_indices",
     "format_prompt",
+    "load_processor",
     "load_prompt_dataset",
     "read_rows",
 ]

@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -19,6 +20,9 @@ import attrs
 from lrft.api.errors import ConfigError
 from lrft.data.errors import PromptDataError
 from lrft.data.formatting import PromptFormat, check_tokenizer, format_prompt
+from lrft.data.images import DEFAULT_MAX_IMAGE_PIXELS, ImageSource, image_sources, read_image
+from lrft.data.media import MediaLoader, media_messages
+from lrft.data.processor import MediaProcessor
 from lrft.data.sources import RowSource, SourceRow, read_rows
 from lrft.data.types import PromptSample, PromptStats
 
@@ -34,6 +38,11 @@ _TOKENIZE_CHUNK = 1024
 def _optional_positive(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise ConfigError(f"{attribute.name} must be a positive integer or None, got {value!r}")
+
+
+def _positive(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{attribute.name} must be a positive integer, got {value!r}")
 
 
 def _non_empty_key(_: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
@@ -56,7 +65,13 @@ class PromptDataConfig:
       default because a chat template writes the special tokens it wants into the text, and
       adding them again would double the BOS; turn it on for plain text prompts on a tokenizer
       that expects BOS;
-    - ``max_samples``: read only the first ``max_samples`` rows (``None``: all).
+    - ``max_samples``: read only the first ``max_samples`` rows (``None``: all);
+    - ``images_key``: the column holding each prompt's images (one or a list: paths relative to
+      the data file, bytes, ``{"bytes", "path"}`` records or PIL images; see
+      :mod:`lrft.data.images`); needs the model's processor and ``apply_chat_template``, whose
+      template writes the image placeholders (:mod:`lrft.data.media` places them);
+    - ``limit_mm_image_per_prompt``: a row with more images is an error (``None``: no limit);
+    - ``max_image_pixels``: an image with more pixels is an error.
     """
 
     prompt_data: str = attrs.field(converter=os.fspath)
@@ -70,6 +85,9 @@ class PromptDataConfig:
     add_special_tokens: bool = False
     max_samples: int | None = attrs.field(default=None, validator=_optional_positive)
     split: str | None = None
+    images_key: str | None = attrs.field(default=None, validator=_non_empty_key)
+    limit_mm_image_per_prompt: int | None = attrs.field(default=None, validator=_optional_positive)
+    max_image_pixels: int = attrs.field(default=DEFAULT_MAX_IMAGE_PIXELS, validator=_positive)
 
     @property
     def prompt_format(self) -> PromptFormat:
@@ -82,6 +100,11 @@ class PromptDataConfig:
 
     def __attrs_post_init__(self) -> None:
         _ = self.prompt_format  # validate the formatting options when the config is made
+        if self.images_key is not None and not self.apply_chat_template:
+            raise ConfigError(
+                f"images_key={self.images_key!r} needs apply_chat_template=True: the model's "
+                "chat template writes the image placeholders its processor expands"
+            )
 
 
 @attrs.frozen(kw_only=True)
@@ -94,6 +117,7 @@ class PromptDataset:
 
     samples: tuple[PromptSample, ...]
     stats: PromptStats
+    media: MediaLoader | None = None
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -105,7 +129,11 @@ class PromptDataset:
         return iter(self.samples)
 
     def select(self, indices: Sequence[int]) -> tuple[PromptSample, ...]:
-        return tuple(self.samples[i] for i in indices)
+        """The samples at ``indices``, those with images carrying their decoded media."""
+        chosen = tuple(self.samples[i] for i in indices)
+        if self.media is None:
+            return chosen
+        return tuple(self.media.with_media(sample) for sample in chosen)
 
     @cached_property
     def fingerprint(self) -> str:
@@ -120,11 +148,24 @@ class PromptDataset:
             digest.update(
                 f"{sample.source_index}:{','.join(map(str, sample.prompt_token_ids))};".encode()
             )
+            for image in sample.images:
+                digest.update(_image_key(image))
         return digest.hexdigest()
 
 
+def _image_key(image: ImageSource) -> bytes:
+    if image.data is not None:
+        return hashlib.blake2b(image.data, digest_size=16).digest()
+    if image.path is not None:
+        return f"path:{image.path}".encode()
+    assert image.image is not None
+    return hashlib.blake2b(image.image.tobytes(), digest_size=16).digest()
+
+
 def load_prompt_dataset(
-    config: PromptDataConfig, tokenizer: PreTrainedTokenizerBase
+    config: PromptDataConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    processor: MediaProcessor | None = None,
 ) -> PromptDataset:
     """Read, format, tokenise and filter the prompts of ``config.prompt_data``.
 
@@ -132,19 +173,33 @@ def load_prompt_dataset(
     the wrong kind (naming the key, the source and the row, and listing the keys it has), and
     when no prompt is left. Prompts over ``max_prompt_length`` are dropped, listed in
     ``stats.dropped_too_long`` and reported with one warning.
+
+    With ``images_key``, ``processor`` (the model's, :class:`MediaProcessor`) formats and
+    tokenises the rows with images: every image is read and processed once here, so a missing,
+    unreadable or oversized image, or a row over ``limit_mm_image_per_prompt``, fails the load
+    with a :class:`PromptDataError` naming the row, the file and the image. The images are
+    decoded again when a sample is selected (:meth:`PromptDataset.select`).
     """
     prompt_format = config.prompt_format
     check_tokenizer(prompt_format, tokenizer)
+    if config.images_key is not None:
+        _check_processor(config, processor)
     source = read_rows(config.prompt_data, split=config.split)
     rows = source.rows[: config.max_samples]
     if not rows:
         raise PromptDataError(f"prompt data {source.name!r} has no rows")
     # Every key of every row is checked here, dropped rows included, so a data error is found
     # whatever the length limit.
-    parsed = [_parse(row, config, prompt_format, tokenizer, source) for row in rows]
+    parsed = [_parse(row, config, prompt_format, tokenizer, source, processor) for row in rows]
     texts = [entry.text for entry in parsed]
     token_ids = _tokenize(texts, tokenizer, add_special_tokens=config.add_special_tokens)
-    dataset = _filter(config, source.name, parsed, token_ids)
+    loader = None
+    if processor is not None and config.images_key is not None:
+        loader = MediaLoader(
+            source=source.name, processor=processor, max_image_pixels=config.max_image_pixels
+        )
+        token_ids = _media_token_ids(parsed, token_ids, loader, source.name)
+    dataset = _filter(config, source.name, parsed, token_ids, loader)
     if dataset.stats.dropped:
         logger.warning("%s", dataset.stats.summary())
     if not dataset.samples:
@@ -174,12 +229,42 @@ def _tokenize(
     return token_ids
 
 
+def _check_processor(config: PromptDataConfig, processor: MediaProcessor | None) -> None:
+    if processor is None:
+        raise ConfigError(
+            f"images_key={config.images_key!r} needs the model's processor "
+            "(lrft.data.MediaProcessor.from_pretrained(model folder)) to place and expand images"
+        )
+    if "images" not in processor.modalities:
+        raise ConfigError(
+            f"images_key={config.images_key!r}, but the model's processor "
+            f"({type(processor.processor).__name__}) has no image processor"
+        )
+
+
 @attrs.frozen(kw_only=True)
 class _ParsedRow:
     row: SourceRow
     text: str
     label: object
     reference: object
+    images: tuple[ImageSource, ...] = ()
+
+
+def _row_images(
+    row: SourceRow, config: PromptDataConfig, source: RowSource, where: str
+) -> tuple[ImageSource, ...]:
+    if config.images_key is None:
+        return ()
+    value = _value(row, config.images_key, "images_key", where)
+    base = Path(source.name) if Path(source.name).is_dir() else Path(source.name).parent
+    images = image_sources(value, base=base, where=where, key=config.images_key)
+    limit = config.limit_mm_image_per_prompt
+    if limit is not None and len(images) > limit:
+        raise PromptDataError(
+            f"{where}: {len(images)} images, more than limit_mm_image_per_prompt={limit}"
+        )
+    return images
 
 
 def _parse(
@@ -188,18 +273,48 @@ def _parse(
     prompt_format: PromptFormat,
     tokenizer: PreTrainedTokenizerBase,
     source: RowSource,
+    processor: MediaProcessor | None,
 ) -> _ParsedRow:
     where = f"{source.name} {row.where}"
-    text = format_prompt(
-        _value(row, config.input_key, "input_key", where), prompt_format, tokenizer, where=where
-    )
+    value = _value(row, config.input_key, "input_key", where)
+    images = _row_images(row, config, source, where)
+    if images:
+        assert processor is not None  # checked with images_key
+        messages = media_messages(value, len(images), prompt_format, where=where)
+        text = processor.render(messages)
+    else:
+        text = format_prompt(value, prompt_format, tokenizer, where=where)
     label = None if config.label_key is None else _value(row, config.label_key, "label_key", where)
     reference = (
         None
         if config.reference_key is None
         else _value(row, config.reference_key, "reference_key", where)
     )
-    return _ParsedRow(row=row, text=text, label=label, reference=reference)
+    return _ParsedRow(row=row, text=text, label=label, reference=reference, images=images)
+
+
+def _media_token_ids(
+    parsed: Sequence[_ParsedRow],
+    token_ids: list[tuple[int, ...]],
+    loader: MediaLoader,
+    source_name: str,
+) -> list[tuple[int, ...]]:
+    """The validation pass: every image of every row read, and each row with images processed
+    for its expanded ids (the text-only rows keep theirs)."""
+    ids = list(token_ids)
+    with_images = [i for i, entry in enumerate(parsed) if entry.images]
+    for position in with_images:
+        entry = parsed[position]
+        where = f"{source_name} {entry.row.where}"
+        images = [
+            read_image(image, max_pixels=loader.max_image_pixels, where=where)
+            for image in entry.images
+        ]
+        processed = loader.processor.process(entry.text, images=images)
+        ids[position] = processed.prompt_token_ids
+    if with_images:
+        logger.info("%s: read and processed the images of %d rows", source_name, len(with_images))
+    return ids
 
 
 def _filter(
@@ -207,11 +322,17 @@ def _filter(
     source_name: str,
     parsed: Sequence[_ParsedRow],
     token_ids: list[tuple[int, ...]],
+    loader: MediaLoader | None,
 ) -> PromptDataset:
     samples: list[PromptSample] = []
     too_long: list[int] = []
     empty: list[int] = []
-    passed_through = {config.input_key, config.label_key, config.reference_key}
+    passed_through = {
+        config.input_key,
+        config.label_key,
+        config.reference_key,
+        config.images_key,
+    }
     for entry, ids in zip(parsed, token_ids, strict=True):
         index = entry.row.index
         if not ids:
@@ -228,6 +349,7 @@ def _filter(
                 reference=entry.reference,
                 metadata={k: v for k, v in entry.row.values.items() if k not in passed_through},
                 source_index=index,
+                images=entry.images,
             )
         )
     stats = PromptStats(
@@ -239,4 +361,4 @@ def _filter(
         dropped_empty=empty,
         longest_kept=max((sample.prompt_length for sample in samples), default=0),
     )
-    return PromptDataset(samples=tuple(samples), stats=stats)
+    return PromptDataset(samples=tuple(samples), stats=stats, media=loader)

@@ -111,14 +111,37 @@ def format_prompt(
     where: str,
 ) -> str:
     """The prompt text for one row's input ``value``; ``where`` names the row in errors."""
+    if isinstance(value, str) and not prompt_format.apply_chat_template:
+        return (
+            value
+            if prompt_format.input_template is None
+            else prompt_format.input_template.format(value)
+        )
+    messages = chat_messages(value, prompt_format, where=where)
+    rendered = tokenizer.apply_chat_template(
+        messages,
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    if not isinstance(rendered, str):
+        raise TypeError(
+            f"apply_chat_template(tokenize=False) returned {type(rendered).__name__}, expected str"
+        )
+    return rendered
+
+
+def chat_messages(
+    value: object, prompt_format: PromptFormat, *, where: str
+) -> list[dict[str, Any]]:
+    """The chat messages of one row's input ``value`` (for ``apply_chat_template``): a string
+    becomes one user message (after the input template), a list of messages is taken as it is;
+    the system prompt goes first."""
     if isinstance(value, str):
         text = (
             value
             if prompt_format.input_template is None
             else prompt_format.input_template.format(value)
         )
-        if not prompt_format.apply_chat_template:
-            return text
         messages: list[dict[str, Any]] = [{"role": "user", "content": text}]
     elif isinstance(value, Sequence) and not isinstance(value, bytes):
         if not prompt_format.apply_chat_template:
@@ -143,16 +166,7 @@ def format_prompt(
                 "system_prompt is set; remove one of them"
             )
         messages.insert(0, {"role": "system", "content": prompt_format.system_prompt})
-    rendered = tokenizer.apply_chat_template(
-        messages,
-        tokenize=False,
-        add_generation_prompt=True,
-    )
-    if not isinstance(rendered, str):
-        raise TypeError(
-            f"apply_chat_template(tokenize=False) returned {type(rendered).__name__}, expected str"
-        )
-    return rendered
+    return messages
 
 
 def _messages(value: Sequence[object], where: str) -> list[dict[str, Any]]:

@@ -14,10 +14,12 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import attrs
 import torch
 
 from lrft.api.errors import ConfigError
 from lrft.data.dataset import PromptDataConfig, PromptDataset, load_prompt_dataset
+from lrft.data.processor import MediaProcessor
 from lrft.data.types import PromptSample, PromptStats
 
 if TYPE_CHECKING:
@@ -73,7 +75,10 @@ def mix_datasets(
         max_prompt_length=datasets[0].stats.max_prompt_length,
         longest_kept=max(sample.prompt_length for sample in samples),
     )
-    return PromptDataset(samples=tuple(samples), stats=stats)
+    loaders = [d.media for d in datasets if d.media is not None]
+    # One model, one processor: the sources' loaders differ only in the name their errors give.
+    media = None if not loaders else attrs.evolve(loaders[0], source=names)
+    return PromptDataset(samples=tuple(samples), stats=stats, media=media)
 
 
 def load_prompt_mixture(
@@ -82,7 +87,9 @@ def load_prompt_mixture(
     *,
     probs: Sequence[float] | None = None,
     seed: int = 0,
+    processor: MediaProcessor | None = None,
 ) -> PromptDataset:
-    """Each config's prompts (:func:`~lrft.data.load_prompt_dataset`), then
-    :func:`mix_datasets`."""
-    return mix_datasets([load_prompt_dataset(c, tokenizer) for c in configs], probs, seed=seed)
+    """Each config's prompts (:func:`~lrft.data.load_prompt_dataset`, media expanded by
+    ``processor``), then :func:`mix_datasets`."""
+    datasets = [load_prompt_dataset(c, tokenizer, processor) for c in configs]
+    return mix_datasets(datasets, probs, seed=seed)

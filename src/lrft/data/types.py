@@ -7,9 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+from lrft.api.media import MediaInputs
+
+if TYPE_CHECKING:
+    from lrft.data.images import ImageSource
 
 
 def _int_tuple(values: Any) -> tuple[int, ...]:
@@ -19,6 +24,10 @@ def _int_tuple(values: Any) -> tuple[int, ...]:
 def _read_only(values: Mapping[str, object]) -> Mapping[str, object]:
     # A read-only view, so a frozen sample cannot be changed through its metadata either.
     return MappingProxyType(dict(values))
+
+
+def _sources(values: Any) -> tuple[ImageSource, ...]:
+    return tuple(values)
 
 
 def _non_negative_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -46,6 +55,12 @@ class PromptSample:
     is not configured). ``metadata`` holds every other column of the row. ``source_index`` is
     the row's 0-based position in the source, before any prompt was dropped, so a reward error or
     a saved trajectory can be traced back to the file.
+
+    A prompt with images lists where they are in ``images``; its ``prompt_token_ids`` are then
+    the model processor's expanded ids (every image placeholder repeated once per image token)
+    and ``prompt_text`` the chat with its placeholders. ``media`` holds the decoded images and
+    the processor's tensors once the sample is selected from its dataset
+    (:meth:`PromptDataset.select <lrft.data.PromptDataset.select>`), ``None`` before.
     """
 
     prompt_text: str
@@ -58,6 +73,8 @@ class PromptSample:
         factory=lambda: MappingProxyType({}), converter=_read_only
     )
     source_index: int = attrs.field(default=0, validator=_non_negative_int)
+    images: tuple[ImageSource, ...] = attrs.field(default=(), converter=_sources)
+    media: MediaInputs | None = None
 
     @property
     def prompt_length(self) -> int:

@@ -17,6 +17,7 @@ import attrs
 import torch
 
 from lrft.api.errors import LrftError
+from lrft.api.media import Image
 from lrft.rewards._checks import name_validator
 
 
@@ -31,6 +32,10 @@ class RewardError(LrftError):
         super().__init__(f"reward {reward!r} failed{where}: {detail}")
 
 
+def _image_tuple(images: Sequence[Image]) -> tuple[Image, ...]:
+    return tuple(images)
+
+
 def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(value))
 
@@ -42,7 +47,9 @@ class RewardSample:
     ``label`` names the kind of data the prompt came from (``"math"``, ``"format"``...): a
     :class:`~lrft.rewards.CombinedReward` routes on it. ``reference`` is the ground truth, when
     the data has one (the gold answer of a math problem). ``metadata`` carries anything else a
-    reward needs (token counts, a task id); remote rewards send it as JSON.
+    reward needs (token counts, a task id; the trainer passes the prompt row's other columns);
+    remote rewards send it as JSON. ``images`` are the prompt's images (PIL images or uint8
+    ``(C, H, W)`` tensors), for rewards that look at them (remote rewards do not send them).
     """
 
     prompt: str
@@ -51,6 +58,10 @@ class RewardSample:
     reference: str | None = None
     # Left out of the hash (a read-only mapping is not hashable); equality still compares it.
     metadata: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping, hash=False)
+    # Compared and hashed by identity: images are the prompt's own objects, not values.
+    images: tuple[Image, ...] = attrs.field(
+        default=(), converter=_image_tuple, eq=False, hash=False
+    )
 
 
 def _scores(value: torch.Tensor | Sequence[float]) -> tuple[float, ...]:

@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from lrft.api.media import ProcessedMedia
+
 
 def load_reference_model(model_dir: Path, device: torch.device | str = "cpu") -> PreTrainedModel:
     """The plain transformers model in ``model_dir`` in fp32, in eval mode."""
@@ -71,3 +73,75 @@ def token_logprobs(
     tokens = torch.tensor(list(output), dtype=torch.long, device=distributions.device)
     chosen = distributions.gather(1, tokens[:, None])
     return [float(x) for x in chosen[:, 0].tolist()]
+
+
+# --- prompts with media ---------------------------------------------------------------------------
+
+
+def load_reference_vlm(model_dir: Path, device: torch.device | str = "cpu") -> PreTrainedModel:
+    """The plain transformers vision-language model in ``model_dir`` in fp32, in eval mode."""
+    from transformers import AutoModelForImageTextToText
+
+    model: PreTrainedModel = AutoModelForImageTextToText.from_pretrained(
+        model_dir, dtype=torch.float32
+    )
+    torch.nn.Module.eval(model)
+    torch.nn.Module.to(model, device)
+    return model
+
+
+def _media_forward(
+    model: torch.nn.Module, media: ProcessedMedia, ids: Sequence[int]
+) -> torch.Tensor:
+    """Logits ``(len(ids), vocab)`` of one unpadded sequence: the prompt of ``media`` and what
+    follows it, with every media tensor; the model places the tokens itself (m-RoPE included)
+    from the per-token tensors, extended with zeros (text) over the tokens after the prompt."""
+    device = next(model.parameters()).device
+    extra = len(ids) - len(media.prompt_token_ids)
+    kwargs = {name: tensor.to(device) for name, tensor in media.tensors.items()}
+    for name, values in media.token_tensors.items():
+        padded = torch.cat([values, values.new_zeros(extra)])
+        kwargs[name] = padded[None].to(device)
+    logits: torch.Tensor = model(
+        input_ids=torch.tensor([list(ids)], device=device), **kwargs
+    ).logits
+    return logits[0]
+
+
+def media_placeholder_ids(model: torch.nn.Module) -> list[int]:
+    """The image and video placeholder ids of a Qwen2-VL-family config, which engines never
+    sample (a response holding one could not be read back with its prompt's media)."""
+    config = getattr(model, "config", None)
+    ids = (getattr(config, "image_token_id", None), getattr(config, "video_token_id", None))
+    return [int(i) for i in ids if i is not None]
+
+
+@torch.no_grad()
+def media_greedy_continuation(
+    model: torch.nn.Module, media: ProcessedMedia | None, prompt: Sequence[int], max_new_tokens: int
+) -> list[int]:
+    """Greedy tokens after ``prompt`` (``media``'s expanded prompt, or a text prompt with
+    ``media`` ``None``): argmax of a full forward per token, the placeholders masked out."""
+    never = media_placeholder_ids(model)
+    device = next(model.parameters()).device
+    ids = list(prompt)
+    for _ in range(max_new_tokens):
+        if media is None:
+            logits = model(input_ids=torch.tensor([ids], device=device)).logits[0, -1]
+        else:
+            logits = _media_forward(model, media, ids)[-1]
+        logits[never] = float("-inf")
+        ids.append(int(torch.argmax(logits).item()))
+    return ids[len(prompt) :]
+
+
+@torch.no_grad()
+def media_token_logprobs(
+    model: torch.nn.Module, media: ProcessedMedia, output: Sequence[int], temperature: float = 1.0
+) -> list[float]:
+    """``log_softmax(logits / temperature)`` of each output token after ``media``'s prompt."""
+    prompt = len(media.prompt_token_ids)
+    logits = _media_forward(model, media, [*media.prompt_token_ids, *output])
+    logprobs = torch.log_softmax(logits[prompt - 1 : -1].double() / temperature, dim=-1)
+    tokens = torch.tensor(list(output), dtype=torch.long, device=logprobs.device)
+    return [float(x) for x in logprobs.gather(1, tokens[:, None])[:, 0].tolist()]

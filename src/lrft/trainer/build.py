@@ -17,22 +17,20 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 from torch.distributed import ProcessGroup
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedModel,
-)
+from transformers import AutoConfig, AutoTokenizer
 
+from lrft.api.errors import ConfigError
 from lrft.api.optim import SchedulerConfig
 from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, TrainBackend, WeightSync
 from lrft.api.types import ModelPart, SamplingParams
 from lrft.backends import registry
+from lrft.backends.media import freeze_vision_tower, load_generative_model
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync.direct import DEFAULT_BUCKET_BYTES, DirectSync
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
 from lrft.backends.train.lora import AdaptersDisabled, apply_lora, check_lora_model
+from lrft.data import MediaProcessor
 from lrft.dist import PhaseWatch, RankInfo, RolloutLayout, init_distributed
 from lrft.rewards import RewardFn
 from lrft.trainer import checkpoint as ckpt
@@ -184,6 +182,17 @@ def build_critic(
     return critic, frozenset(parts) & backend.capabilities.offload
 
 
+def _policy_model(config: TrainConfig) -> torch.nn.Module:
+    """The actor's initial model, in fp32, prepared as ``config`` says (gradient
+    checkpointing; a frozen vision tower)."""
+    model = causal_lm(config)
+    if config.freeze_vision_tower:
+        freeze_vision_tower(model)
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()  # type: ignore[operator]  # a transformers model, typed as a plain Module
+    return model
+
+
 def rollout_sampling(config: TrainConfig, eos_token_id: int | None) -> SamplingParams:
     """How training rollouts sample; the engine returns its own logprobs when TIS reads them."""
     return SamplingParams(
@@ -229,13 +238,14 @@ def experience_maker(
     )
 
 
-def causal_lm(config: TrainConfig) -> PreTrainedModel:
-    """``pretrain`` in fp32 with the configured attention kernel (actor and reference)."""
+def causal_lm(config: TrainConfig) -> torch.nn.Module:
+    """``pretrain``'s generative model (a causal LM, or a vision-language model's
+    image-text-to-text class) in fp32 with the configured attention kernel (actor and
+    reference)."""
     assert config.pretrain is not None
-    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+    return load_generative_model(
         config.pretrain, dtype=torch.float32, attn_implementation=config.attn_implementation
     )
-    return model
 
 
 def _check_outputs(config: TrainConfig, rank: int) -> None:
@@ -267,7 +277,12 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
     if config.preset is not None:
         config = preset_config(config, info.rank)
     elif config.pretrain is None:
-        config = demo.demo_config(config, info.rank)
+        config = demo.chosen_demo_config(config, info.rank)
+    elif config.demo != "addition":
+        raise ConfigError(
+            f"demo {config.demo!r} runs only when no pretrain is given (it brings its own "
+            f"model and data), but pretrain is {config.pretrain!r}"
+        )
     assert config.pretrain is not None
     assert config.prompt_data is not None
     config.validate_inputs()
@@ -290,7 +305,14 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
     assert config.pretrain is not None
     assert config.prompt_data is not None
     torch.manual_seed(config.seed)
-    tokenizer = AutoTokenizer.from_pretrained(config.pretrain)
+    # A vision-language model's prompts are formatted by its own processor (which holds its
+    # tokenizer): the images' placeholders and their expansion are the model's.
+    processor = (
+        None if config.images_key is None else MediaProcessor.from_pretrained(config.pretrain)
+    )
+    tokenizer = (
+        AutoTokenizer.from_pretrained(config.pretrain) if processor is None else processor.tokenizer
+    )
     train_data = load_prompts(
         config,
         config.prompt_sources,
@@ -298,14 +320,13 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         limit=config.max_samples,
         split=config.prompt_split,
         probs=config.prompt_data_probs,
+        processor=processor,
     )
-    eval_data = eval_prompts(config, tokenizer)
+    eval_data = eval_prompts(config, tokenizer, processor)
     schedule = config.scheduler_config(planned_iterations(config, len(train_data), info))
 
     backend = train_backend(config, info)
-    model = causal_lm(config)
-    if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()  # type: ignore[no-untyped-call]  # unannotated in transformers
+    model = _policy_model(config)
     # LoRA: the adapters are part of the model the backend wraps
     trained = model if config.lora is None else apply_lora(model, config.lora)
     actor = backend.prepare_trainable(

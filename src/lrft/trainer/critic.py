@@ -16,6 +16,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import torch
@@ -29,7 +30,7 @@ from lrft.trainer._update_loop import Metrics, step_groups
 from lrft.trainer.micro_batches import PackedMicroBatch, PackedPart, packed_passes
 from lrft.trainer.replay import ReplayBuffer
 from lrft.trainer.scalar_head import load_with_scalar_head
-from lrft.trainer.sequences import Sequences
+from lrft.trainer.sequences import Sequences, forward_inputs
 
 VALUE_HEAD = "score"
 """The value head's module name (transformers' token-classification heads use it)."""
@@ -54,7 +55,7 @@ def load_critic(
     # and the update, so the clipped value loss would compare two noisy numbers.
     config.classifier_dropout = 0.0
     return load_with_scalar_head(
-        AutoModelForTokenClassification,
+        _critic_class(config),
         path,
         config,
         dtype=dtype,
@@ -65,6 +66,18 @@ def load_critic(
         seed=seed,
         attn_implementation=attn_implementation,
     )
+
+
+def _critic_class(config: Any) -> Any:
+    """The class of ``config``'s critic: transformers' token-classification model, or for a
+    Qwen2-VL :class:`~lrft.trainer.vision_critic.Qwen2VLForValues` (transformers has none)."""
+    if getattr(config, "vision_config", None) is None:
+        return AutoModelForTokenClassification
+    from lrft.trainer.vision_critic import VISION_CRITIC_TYPES, Qwen2VLForValues
+
+    if config.model_type not in VISION_CRITIC_TYPES:  # refused by name when it loads
+        return AutoModelForTokenClassification
+    return Qwen2VLForValues
 
 
 def response_values(
@@ -80,10 +93,16 @@ def response_values(
         # warns that an in-place op on it would skip its backward hook. Nothing here writes to
         # it in place (gather and masked_fill below make new tensors).
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view")
-        scores: Tensor = module(
-            input_ids=sequences.input_ids.to(device),
-            attention_mask=sequences.attention_mask.to(device),
-        ).logits[..., 0]
+        # rows with images: the actor's inputs (their media tensors and m-RoPE positions)
+        inputs = (
+            {
+                "input_ids": sequences.input_ids.to(device),
+                "attention_mask": sequences.attention_mask.to(device),
+            }
+            if not sequences.media
+            else forward_inputs(module, sequences, device)
+        )
+        scores: Tensor = module(**inputs).logits[..., 0]
     steps = sequences.action_mask.shape[1]
     positions = (sequences.prompt_lengths[:, None] - 1 + torch.arange(steps)[None, :]).clamp(
         max=scores.shape[1] - 1

@@ -31,7 +31,7 @@ from lrft.dist import all_gather_objects, tp_group_generate
 from lrft.rewards import RewardError, RewardFn, RewardOutput, RewardSample, compute_rewards
 from lrft.trainer.logprobs import response_logprobs as fused_response_logprobs
 from lrft.trainer.sampling import fire_generate
-from lrft.trainer.sequences import Sequences, response_positions
+from lrft.trainer.sequences import Sequences, forward_inputs, response_positions
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -79,11 +79,7 @@ def response_logits(
     The full-vocabulary path, for what needs the whole distribution (the entropy); the
     differentiable forward may be collective, like :func:`response_logprobs`.
     """
-    logits: Tensor = module(
-        input_ids=sequences.input_ids.to(device),
-        attention_mask=sequences.attention_mask.to(device),
-        use_cache=False,
-    ).logits
+    logits: Tensor = module(**forward_inputs(module, sequences, device)).logits
     positions = response_positions(sequences).to(device)
     picked = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1])).float()
     if first_token_temperature is None:
@@ -205,7 +201,9 @@ class ExperienceMaker:
         ``params.temperature``; engine logprobs follow the same temperatures.
         """
         requests = [
-            GenerationRequest(prompt_token_ids=p.prompt_token_ids, request_id=str(p.source_index))
+            GenerationRequest(
+                prompt_token_ids=p.prompt_token_ids, request_id=str(p.source_index), media=p.media
+            )
             for p in prompts
         ]
         if self.first_token_temperature is None or params.greedy:
@@ -277,6 +275,8 @@ class ExperienceMaker:
                     response=self.decode(result.output_token_ids),
                     label="" if prompt.label is None else str(prompt.label),
                     reference=None if prompt.reference is None else str(prompt.reference),
+                    metadata=prompt.metadata,
+                    images=() if prompt.media is None else prompt.media.images,
                 )
             )
         try:

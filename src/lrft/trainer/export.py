@@ -11,21 +11,24 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    PretrainedConfig,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from transformers import AutoConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from lrft.api.protocols import TrainableModel, WeightSource
+from lrft.backends.media import generative_model_class
 from lrft.backends.train.lora import peft_model_of, trainable_parameters
 
 EXPORT_BUCKET_BYTES = 64 * 2**20
 ADAPTER_FILE = "adapter_model.safetensors"
 HF_MODEL_DIR = "hf_model"
 """The exported model's folder under ``SAVE_PATH``; written as ``.tmp-hf_model`` first."""
+PROCESSOR_FILES = (
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+"""A vision-language model's processor files, copied from the pretrained folder as they are."""
 LORA_ADAPTER_DIR = "lora_adapter"
 """A LoRA actor's adapters under ``SAVE_PATH`` (``PeftModel.from_pretrained`` on the base
 model); written as ``.tmp-lora_adapter`` first."""
@@ -34,8 +37,9 @@ ModelFromConfig = Callable[[PretrainedConfig, torch.dtype], PreTrainedModel]
 """Builds the empty model an export loads the gathered weights into."""
 
 
-def causal_lm_from_config(config: PretrainedConfig, dtype: torch.dtype) -> PreTrainedModel:
-    model: PreTrainedModel = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]  # transformers leaves from_config unannotated
+def generative_model_from_config(config: PretrainedConfig, dtype: torch.dtype) -> PreTrainedModel:
+    """A causal LM, or the image-text-to-text model of a config with a vision tower."""
+    model: PreTrainedModel = generative_model_class(config).from_config(config, dtype=dtype)
     return model
 
 
@@ -46,10 +50,11 @@ def export_hf(
     tokenizer: PreTrainedTokenizerBase,
     directory: Path,
     model_config: PretrainedConfig | None = None,
-    from_config: ModelFromConfig = causal_lm_from_config,
+    from_config: ModelFromConfig = generative_model_from_config,
 ) -> None:
-    """Write ``source``'s weights with ``pretrained``'s config (or ``model_config``) and the
-    tokenizer, as the model ``from_config`` builds (a causal LM unless told). Collective.
+    """Write ``source``'s weights with ``pretrained``'s config (or ``model_config``), the
+    tokenizer and (for a vision-language model) the processor's files, as the model
+    ``from_config`` builds (the model that generates text unless told). Collective.
 
     Every rank iterates ``full_weights``; rank 0 alone writes, to a temporary name renamed when
     complete. Weights come only from ``full_weights``, whatever the backend.
@@ -78,6 +83,9 @@ def export_hf(
         shutil.rmtree(temporary, ignore_errors=True)
         model.save_pretrained(temporary)
         tokenizer.save_pretrained(temporary)
+        for name in PROCESSOR_FILES:
+            if (Path(pretrained) / name).is_file():
+                shutil.copyfile(Path(pretrained) / name, temporary / name)
         shutil.rmtree(directory, ignore_errors=True)
         temporary.rename(directory)
     if dist.is_initialized():

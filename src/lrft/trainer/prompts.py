@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
-from lrft.data import DistributedPromptSampler, PromptDataConfig, PromptDataset
+from lrft.data import DistributedPromptSampler, MediaProcessor, PromptDataConfig, PromptDataset
 from lrft.data.mixture import load_prompt_mixture
 from lrft.dist import RankInfo
 from lrft.trainer.config import TrainConfig
@@ -20,6 +20,7 @@ def load_prompts(
     limit: int | None,
     split: str | None,
     probs: tuple[float, ...] | None = None,
+    processor: MediaProcessor | None = None,
 ) -> PromptDataset:
     """The prompts of ``paths`` formatted as ``config`` says (each source read up to ``limit``
     rows, from ``split``), mixed by ``probs`` when given (:mod:`lrft.data.mixture`)."""
@@ -35,13 +36,23 @@ def load_prompts(
             max_prompt_length=config.prompt_max_len,
             max_samples=limit,
             split=split,
+            # media (vision-language models)
+            images_key=config.images_key,
+            limit_mm_image_per_prompt=config.limit_mm_image_per_prompt,
+            max_image_pixels=config.max_image_pixels,
         )
         for path in paths
     ]
-    return load_prompt_mixture(sources, tokenizer, probs=probs, seed=config.seed)
+    return load_prompt_mixture(
+        sources, tokenizer, probs=probs, seed=config.seed, processor=processor
+    )
 
 
-def eval_prompts(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> PromptDataset | None:
+def eval_prompts(
+    config: TrainConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    processor: MediaProcessor | None = None,
+) -> PromptDataset | None:
     """The held-out prompts: ``eval_dataset`` (its ``eval_split``), or with ``eval_split`` alone
     that split of ``prompt_data``."""
     if config.eval_dataset is not None:
@@ -51,7 +62,12 @@ def eval_prompts(config: TrainConfig, tokenizer: PreTrainedTokenizerBase) -> Pro
     else:
         return None
     return load_prompts(
-        config, (path,), tokenizer, limit=config.eval_max_samples, split=config.eval_split
+        config,
+        (path,),
+        tokenizer,
+        limit=config.eval_max_samples,
+        split=config.eval_split,
+        processor=processor,
     )
 
 

@@ -47,8 +47,10 @@ class ReplayBuffer:
         return self._batch().select(rows)
 
     def row_lengths(self) -> torch.Tensor:
-        """(B,): the real (unpadded) tokens of each row's sequence."""
-        return self._batch().sequences.attention_mask.sum(-1)
+        """(B,): what each row costs a forward, in tokens: its real (unpadded) tokens, image
+        placeholders included, plus its media encoder's inputs (a vision tower's patches)."""
+        sequences = self._batch().sequences
+        return sequences.attention_mask.sum(-1) + sequences.media_patches()
 
     def _batch(self) -> ExperienceBatch:
         if len(self._items) != 1:

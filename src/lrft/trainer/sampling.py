@@ -53,13 +53,16 @@ def fire_generate(
     if params.max_new_tokens == 1:
         return heads
     open_rows = [row for row, head in enumerate(heads) if head.finish_reason == "length"]
-    continuations = [
-        GenerationRequest(
-            prompt_token_ids=(*heads[row].prompt_token_ids, *heads[row].output_token_ids),
-            request_id=f"{heads[row].request_id}/{heads[row].sample_index}",
+    continuations = []
+    for row in open_rows:
+        media = requests[row // params.n].media
+        continuations.append(
+            GenerationRequest(
+                prompt_token_ids=(*heads[row].prompt_token_ids, *heads[row].output_token_ids),
+                request_id=f"{heads[row].request_id}/{heads[row].sample_index}",
+                media=None if media is None else media.continued(heads[row].output_token_ids),
+            )
         )
-        for row in open_rows
-    ]
     rest_params = attrs.evolve(
         params,
         n=1,

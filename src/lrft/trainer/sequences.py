@@ -1,19 +1,31 @@
 """Rollouts as padded tensors: ``prompt + response`` token ids, right-padded, and where each
-response sits in them.
+response sits in them, with each row's prompt media.
 
 Response-aligned tensors (``B x T``) hold position ``t`` of the ``t``-th generated token. Right
-padding keeps each real token's position id equal to its index, so no position ids are passed.
+padding keeps each real token's position id equal to its index, so a text model takes no
+position ids; a row's media (its prompt's :class:`~lrft.api.ProcessedMedia`) go into the
+forward as the model's own arguments, and an m-RoPE model's 3-D positions are computed by
+:func:`lrft.backends.media.rope_positions`, the function the ``hf`` engine places its tokens
+with (:func:`forward_inputs`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import torch
 from torch import Tensor
 
+from lrft.api.media import ProcessedMedia
 from lrft.api.types import GenerationResult
+from lrft.backends.media import MediaBatch, media_patches, rope_positions
+from lrft.data import PromptSample
+
+
+def _media_rows(values: Sequence[ProcessedMedia | None]) -> tuple[ProcessedMedia | None, ...]:
+    return tuple(values)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -25,9 +37,19 @@ class Sequences:
     prompt_lengths: Tensor  # (B,)
     action_mask: Tensor  # (B, T) bool
     action_tokens: Tensor  # (B, T) the generated ids, 0 where masked
+    media: tuple[ProcessedMedia | None, ...] = attrs.field(default=(), converter=_media_rows)
+    """Each row's prompt media (``None``: a text prompt); empty when no row has any."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.media and len(self.media) != len(self):
+            raise ValueError(f"{len(self.media)} media rows for {len(self)} sequences")
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def media_patches(self) -> Tensor:
+        """(B,): the rows of each row's media encoder inputs (image patches), 0 for text."""
+        return torch.tensor([media_patches(media) for media in self.media] or [0] * len(self))
 
     def select(self, rows: Tensor) -> Sequences:
         """Rows ``rows``, trimmed to the longest sequence and response among them."""
@@ -41,11 +63,17 @@ class Sequences:
             prompt_lengths=self.prompt_lengths[rows],
             action_mask=actions[:, :steps],
             action_tokens=self.action_tokens[rows, :steps],
+            media=[self.media[i] for i in rows.tolist()] if self.media else (),
         )
 
 
-def pack(results: Sequence[GenerationResult], pad_id: int = 0) -> Sequences:
-    """Right-padded tensors of ``results`` (every response has at least one token)."""
+def pack(
+    results: Sequence[GenerationResult],
+    pad_id: int = 0,
+    media: Sequence[ProcessedMedia | None] = (),
+) -> Sequences:
+    """Right-padded tensors of ``results`` (every response has at least one token);
+    ``media[i]``: result ``i``'s prompt media (empty: text prompts only)."""
     rows = [list(r.prompt_token_ids) + list(r.output_token_ids) for r in results]
     width = max(len(row) for row in rows)
     steps = max(len(r.output_token_ids) for r in results)
@@ -66,7 +94,42 @@ def pack(results: Sequence[GenerationResult], pad_id: int = 0) -> Sequences:
         prompt_lengths=prompt_lengths,
         action_mask=action_mask,
         action_tokens=actions,
+        media=media if any(m is not None for m in media) else (),
     )
+
+
+def row_media(prompts: Sequence[PromptSample], n: int) -> list[ProcessedMedia | None]:
+    """The processed media of each of ``n`` rows per prompt, prompt-major."""
+    return [
+        None if prompt.media is None else prompt.media.processed
+        for prompt in prompts
+        for _ in range(n)
+    ]
+
+
+def forward_inputs(
+    module: torch.nn.Module, sequences: Sequences, device: torch.device
+) -> dict[str, Any]:
+    """The keyword arguments of the model's forward over ``sequences``: ids, mask, the rows'
+    media and, for an m-RoPE model with media, the 3-D positions the engine decoded with."""
+    input_ids = sequences.input_ids.to(device)
+    attention_mask = sequences.attention_mask.to(device)
+    inputs: dict[str, Any] = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "use_cache": False,
+    }
+    if not sequences.media:
+        return inputs
+    width = input_ids.shape[1]
+    batch = MediaBatch.build(
+        sequences.media, offsets=[0] * len(sequences), width=width, device=device
+    )
+    inputs.update(batch.kwargs)
+    rope = rope_positions(module, input_ids, attention_mask, batch)
+    if rope is not None:
+        inputs["position_ids"] = rope[0]
+    return inputs
 
 
 def response_positions(sequences: Sequences) -> Tensor:

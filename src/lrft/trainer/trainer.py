@@ -33,8 +33,9 @@ from lrft.trainer.progress import Console
 from lrft.trainer.replay import ReplayBuffer
 from lrft.trainer.resume import check_resume_settings, check_schedule, checkpoint_to_resume
 from lrft.trainer.sampling import Refill, ScoredGroups, continuation_seed, refill_groups
-from lrft.trainer.sequences import pack
+from lrft.trainer.sequences import pack, row_media
 from lrft.trainer.trajectories import TRAJECTORY_DIR, TrajectoryWriter, sample_records
+from lrft.trainer.trajectory_pages import group_pictures
 from lrft.trainer.wandb_metrics import DEFAULT_PROJECT, WandbMetrics, WandbSettings
 
 logger = logging.getLogger(__name__)
@@ -226,7 +227,7 @@ class RLTrainer:
             results = col.rollout(lambda: maker.generate(prompts, params))
         else:
             prompts, results = refill.batch.prompts, list(refill.batch.results)
-        sequences = pack(results)
+        sequences = pack(results, media=row_media(prompts, n))
         old = (
             col.actor_pass(lambda: maker.logprobs(self.actor, sequences))
             if self.old_logprob_pass
@@ -274,7 +275,7 @@ class RLTrainer:
                 kl_estimator=maker.kl_estimator,
             )
             with self.watch.phase("trajectories"):
-                self.trajectories.write(self.step, records)
+                self.trajectories.write(self.step, records, group_pictures(prompts))
         lengths = sequences.action_mask.sum(-1).float()
         # Over every response generated: under dynamic sampling the trained batch is a filtered
         # subset, which would misreport how well the policy does.

@@ -16,8 +16,11 @@ file), ``prompt`` and ``response`` texts, ``prompt_tokens`` and ``response_token
 function's score, before any ``normalize_reward`` scaling), ``reward_metrics`` (the reward's named
 per-sample values; ``null`` where not measured), ``advantage`` (the mean over the response's
 tokens, which is the sequence's advantage for outcome estimators such as ``group_norm``),
-``logprob`` (the response's summed log-probability under the behaviour policy) and, with a
-reference model, ``kl`` (the mean per-token KL estimate against it).
+``logprob`` (the response's summed log-probability under the behaviour policy), with a
+reference model ``kl`` (the mean per-token KL estimate against it) and, for a prompt with
+images, ``images`` (where each came from, as the data names it). An iteration whose prompts hold
+images also gets a static HTML page showing each group's images, prompt and responses with their
+rewards (:mod:`lrft.trainer.trajectory_pages`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from lrft.data import PromptSample
 from lrft.dist import all_gather_objects
 from lrft.rewards import RewardOutput
 from lrft.trainer.experience import Decode, ExperienceBatch
+from lrft.trainer.trajectory_pages import has_pictures, page_file, write_index, write_page
 
 TRAJECTORY_DIR = "trajectories"
 _NAME = re.compile(r"step_(\d+)\.jsonl")
@@ -112,6 +116,8 @@ def sample_records(
         }
         if kl is not None:
             record["kl"] = _finite(float(kl[i]))
+        if prompt.images:
+            record["images"] = [image.label for image in prompt.images]
         records.append(record)
     return records
 
@@ -154,20 +160,37 @@ class TrajectoryWriter:
         """Remove the files of steps after ``step`` (and unfinished writes); the removed steps."""
         if self.rank != 0 or not self.directory.is_dir():
             return []
-        for leftover in self.directory.glob(".tmp-step_*.jsonl"):
+        for leftover in self.directory.glob(".tmp-*"):
             leftover.unlink()
         later = [s for s in trajectory_steps(self.directory) if s > step]
         for later_step in later:
             trajectory_file(self.directory, later_step).unlink()
+            page_file(self.directory, later_step).unlink(missing_ok=True)
+        if later:
+            write_index(self.directory)
         return later
 
-    def write(self, step: int, records: list[dict[str, Any]]) -> Path | None:
-        """Gather every rank's ``records`` of ``step`` and write them (rank 0). Collective."""
+    def write(
+        self,
+        step: int,
+        records: list[dict[str, Any]],
+        pictures: list[list[str]] | None = None,
+    ) -> Path | None:
+        """Gather every rank's ``records`` of ``step`` and write them (rank 0). Collective.
+
+        ``pictures``: this rank's groups' images (``trajectory_pages.group_pictures``); when any
+        rank has some, rank 0 also writes the step's HTML page."""
         gathered = records
+        shown = pictures or []
         if dist.is_initialized() and dist.get_world_size() > 1:
-            gathered = [record for part in all_gather_objects(records) for record in part]
+            parts = all_gather_objects((records, shown))
+            gathered = [record for part, _ in parts for record in part]
+            shown = [group for _, groups in parts for group in groups]
         if self.rank != 0:
             return None
+        if has_pictures(shown):
+            self.directory.mkdir(parents=True, exist_ok=True)
+            write_page(self.directory, step, gathered, shown)
         self.directory.mkdir(parents=True, exist_ok=True)
         final = trajectory_file(self.directory, step)
         temporary = self.directory / f".tmp-{final.name}"

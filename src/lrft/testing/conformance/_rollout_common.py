@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 from transformers import PreTrainedModel
 
 from lrft.api import (
+    CapabilityNotSupported,
     FinishReason,
     GenerationRequest,
     GenerationResult,
@@ -31,7 +32,8 @@ from lrft.api.digest import tensor_digests
 from lrft.testing.conformance._rollout_hooks import RolloutEngineHooks
 from lrft.testing.distributed import current_rank_context
 from lrft.testing.models import save_tiny_causal_lm
-from lrft.testing.reference import load_reference_model
+from lrft.testing.reference import load_reference_model, load_reference_vlm
+from lrft.testing.vision_models import save_tiny_vlm
 
 Suite = type[RolloutEngineHooks[Any]]
 
@@ -58,11 +60,14 @@ class EngineModels:
     other_dir: Path
     tied_base_dir: Path
     tied_other_dir: Path
+    vlm_dir: Path
 
 
 def make_engine_models(root: Path, heads: tuple[int, int] = (4, 2)) -> EngineModels:
-    """``heads``: (attention heads, key/value heads) of the tiny test models."""
+    """``heads``: (attention heads, key/value heads) of the tiny test models. ``vlm_dir`` is a
+    tiny Qwen2-VL with its processor (``lrft.testing.vision_models``)."""
     q, kv = heads
+    vlm_dir = save_tiny_vlm(root / "vlm", seed=0, num_attention_heads=q, num_key_value_heads=kv)
     folders = {
         f"{prefix}{label}_dir": save_tiny_causal_lm(
             root / f"{prefix.replace('_', '-')}{label}",
@@ -74,7 +79,7 @@ def make_engine_models(root: Path, heads: tuple[int, int] = (4, 2)) -> EngineMod
         for prefix in ("", "tied_")
         for label, seed in (("base", 0), ("other", 1))
     }
-    return EngineModels(**folders)
+    return EngineModels(**folders, vlm_dir=vlm_dir)
 
 
 # --- where a check runs -------------------------------------------------------------------------
@@ -161,22 +166,35 @@ _ENGINES: dict[tuple[type[Any], Path, str], RolloutEngine] = {}
 
 @functools.cache
 def model_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    """The tensors of a folder written by ``save_tiny_causal_lm``, read with safetensors alone."""
+    """The tensors of a folder written by ``save_tiny_causal_lm``, read with safetensors alone,
+    or of one written by ``save_tiny_vlm``, in the names of the loaded transformers model.
+
+    A transformers 5 vision-language model's parameter names differ from its checkpoint's
+    (``model.language_model.layers.0...`` in the module, ``model.layers.0...`` in the file, as
+    Qwen2-VL checkpoints have always been written); lrft speaks the module's names, as
+    ``named_parameters()`` gives them, so the VLM's are read through transformers."""
+    if (model_dir / "processor_config.json").is_file():
+        model = load_reference_vlm(model_dir)
+        return {name: p.detach().clone() for name, p in model.named_parameters()}
     return load_file(model_dir / "model.safetensors")
 
 
-def ready_engine(suite: Suite, models: EngineModels, device: torch.device) -> RolloutEngine:
-    """This worker's engine for ``suite``, awake and holding the base weights as BASE_VERSION.
+def ready_engine(
+    suite: Suite, models: EngineModels, device: torch.device, model_dir: Path | None = None
+) -> RolloutEngine:
+    """This worker's engine for ``suite``, awake and holding the base weights as BASE_VERSION
+    (``model_dir``: another model's folder, e.g. ``models.vlm_dir``, and its weights).
 
     A cached engine that cannot be put back into that state (a fault an earlier check found may
     have left it so; that check failed for it) is shut down and replaced by a fresh one, so each
     check fails, if it does, for its own reason. A fresh engine that cannot be set up fails the
     check with a message naming it and the step that failed."""
-    key = (suite, models.base_dir, str(device))
+    folder = models.base_dir if model_dir is None else model_dir
+    key = (suite, folder, str(device))
     cached = _ENGINES.pop(key, None)
     if cached is not None:
         try:
-            _reset(cached, models.base_dir)
+            _reset(cached, folder)
         except Exception:
             _shut_down_quietly(cached)
         else:
@@ -184,14 +202,16 @@ def ready_engine(suite: Suite, models: EngineModels, device: torch.device) -> Ro
             return cached
     concern = f"setting up {_RUNNING or 'a check'} on a fresh engine of {suite.__name__}"
     try:
-        engine: RolloutEngine = suite.make_engine(models.base_dir, device)
+        engine: RolloutEngine = suite.make_engine(folder, device)
+    except CapabilityNotSupported:
+        raise  # an engine that cannot serve this model at all says so: the check may skip
     except Exception as error:
         raise AssertionError(
-            f"{concern}: make_engine({str(models.base_dir)!r}, {device}) raised "
+            f"{concern}: make_engine({str(folder)!r}, {device}) raised "
             f"{type(error).__name__}: {error}"
         ) from error
     try:
-        _reset(engine, models.base_dir)
+        _reset(engine, folder)
     except Exception as error:
         _shut_down_quietly(engine)
         raise AssertionError(f"{concern}: {type(error).__name__}: {error}") from error

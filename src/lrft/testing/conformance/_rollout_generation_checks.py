@@ -10,9 +10,12 @@ import pytest
 import torch
 
 from lrft.api import (
+    MODALITIES,
+    AudioClip,
     CapabilityNotSupported,
     EngineCapabilities,
     GenerationRequest,
+    MediaInputs,
     RolloutEngine,
     SamplingParams,
 )
@@ -238,21 +241,29 @@ def check_uneven_requests(
 
 
 @rank_check
-def check_multimodal_gated(
-    suite: Suite, models: EngineModels, rank: int, device: torch.device
-) -> None:
+def check_media_gated(suite: Suite, models: EngineModels, rank: int, device: torch.device) -> None:
+    """A request with a modality the engine does not declare (``images``, ``audio``) is refused
+    with ``CapabilityNotSupported`` naming it, before any work, and changes nothing."""
     engine = ready_engine(suite, models, device)
-    if "multimodal" in engine.capabilities.names():
-        pytest.skip(f"{engine.name} engine declares capability multimodal: nothing to refuse")
+    declared = engine.capabilities.names()
+    media = {
+        "images": MediaInputs(images=[torch.zeros(3, 28, 28, dtype=torch.uint8)]),
+        "audio": MediaInputs(audio=[AudioClip(waveform=torch.zeros(1600), sampling_rate=16000)]),
+    }
+    lacking = [modality for modality in MODALITIES if modality not in declared]
+    if not lacking:
+        pytest.skip(f"{engine.name} engine declares every modality: nothing to refuse")
     before = backdoor_digests(suite, engine)
-    request = GenerationRequest(
-        prompt_token_ids=rank_prompts(rank)[0], multimodal={"image": torch.zeros(3, 4, 4)}
-    )
-    with raises(CapabilityNotSupported, "generate() of a request with multimodal inputs") as raised:
-        engine.generate([request], SamplingParams(temperature=0.0, max_new_tokens=2))
-    assert (raised.value.backend, raised.value.capability) == (engine.name, "multimodal"), (
-        f"CapabilityNotSupported must name backend {engine.name!r} and capability "
-        f"'multimodal': {raised.value}"
-    )
+    plain = GenerationRequest(prompt_token_ids=rank_prompts(rank)[1], request_id="plain")
+    for modality in lacking:
+        request = GenerationRequest(
+            prompt_token_ids=rank_prompts(rank)[0], request_id=modality, media=media[modality]
+        )
+        with raises(CapabilityNotSupported, f"generate() of a request with {modality}") as raised:
+            engine.generate([plain, request], SamplingParams(temperature=0.0, max_new_tokens=2))
+        assert (raised.value.backend, raised.value.capability) == (engine.name, modality), (
+            f"CapabilityNotSupported must name backend {engine.name!r} and capability "
+            f"{modality!r}: {raised.value}"
+        )
     changed = sorted(n for n, d in backdoor_digests(suite, engine).items() if before.get(n) != d)
-    assert not changed, f"a refused multimodal request changed the weights {changed}"
+    assert not changed, f"a refused request with media changed the weights {changed}"

@@ -45,8 +45,8 @@ from lrft.testing.conformance._rollout_generation_checks import (
     check_greedy_logprobs,
     check_greedy_matches_reference,
     check_max_new_tokens,
+    check_media_gated,
     check_min_new_tokens,
-    check_multimodal_gated,
     check_protocol_surface,
     check_stop_token_ids,
     check_uneven_requests,
@@ -64,6 +64,12 @@ from lrft.testing.conformance._rollout_load_checks import (
     check_load_tied_weights,
     check_outputs_follow_every_load,
     check_weight_update_stream,
+)
+from lrft.testing.conformance._rollout_media_checks import (
+    check_image_batch_independence,
+    check_image_greedy_matches_reference,
+    check_image_outputs_survive_the_lifecycle,
+    check_images_change_the_output,
 )
 from lrft.testing.conformance._rollout_sampling_checks import (
     check_n_samples,
@@ -96,6 +102,10 @@ __all__ = [
     "check_digest_matches_backdoor",
     "check_greedy_logprobs",
     "check_greedy_matches_reference",
+    "check_image_batch_independence",
+    "check_image_greedy_matches_reference",
+    "check_image_outputs_survive_the_lifecycle",
+    "check_images_change_the_output",
     "check_in_place_capability_matches_loader",
     "check_in_place_load_serves_what_was_written",
     "check_in_place_loader_refuses_misuse",
@@ -108,8 +118,8 @@ __all__ = [
     "check_load_other_weights",
     "check_load_tied_weights",
     "check_max_new_tokens",
+    "check_media_gated",
     "check_min_new_tokens",
-    "check_multimodal_gated",
     "check_n_samples",
     "check_outputs_follow_every_load",
     "check_protocol_surface",
@@ -207,11 +217,29 @@ class RolloutEngineSuite(RolloutEngineHooks[E]):
     ) -> None:
         self.run_check(pool, check_uneven_requests, engine_models)
 
-    def test_multimodal_needs_capability(self, pool: RankPool, engine_models: EngineModels) -> None:
-        self.run_check(pool, check_multimodal_gated, engine_models)
+    def test_media_need_capability(self, pool: RankPool, engine_models: EngineModels) -> None:
+        self.run_check(pool, check_media_gated, engine_models)
 
     def test_request_caps(self, pool: RankPool, engine_models: EngineModels) -> None:
         self.run_check(pool, check_request_caps, engine_models)
+
+    # --- media (engines that declare images) ------------------------------------------------
+
+    def test_image_greedy_matches_reference(
+        self, pool: RankPool, engine_models: EngineModels
+    ) -> None:
+        self.run_check(pool, check_image_greedy_matches_reference, engine_models)
+
+    def test_images_change_the_output(self, pool: RankPool, engine_models: EngineModels) -> None:
+        self.run_check(pool, check_images_change_the_output, engine_models)
+
+    def test_image_batch_independence(self, pool: RankPool, engine_models: EngineModels) -> None:
+        self.run_check(pool, check_image_batch_independence, engine_models)
+
+    def test_image_outputs_survive_the_lifecycle(
+        self, pool: RankPool, engine_models: EngineModels
+    ) -> None:
+        self.run_check(pool, check_image_outputs_survive_the_lifecycle, engine_models)
 
     # --- memory states ---------------------------------------------------------------------
 

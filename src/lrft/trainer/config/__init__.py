@@ -25,7 +25,13 @@ from lrft.trainer.config.checks import (
     value_based_estimators,
     vllm_available,
 )
-from lrft.trainer.config.choices import ENGINE_MAX_TP, HF_DECODE_PATHS, PRESET_NAMES, EngineType
+from lrft.trainer.config.choices import (
+    DEMO_NAMES,
+    ENGINE_MAX_TP,
+    HF_DECODE_PATHS,
+    PRESET_NAMES,
+    EngineType,
+)
 from lrft.trainer.config.train_config import (
     CPU_KV_CACHE_ENV,
     DEFAULT_CRITIC_LEARNING_RATE,
@@ -53,6 +59,7 @@ __all__ = [
     "DEFAULT_OVERLONG_PENALTY_FACTOR",
     "DEFAULT_TIS_CAP",
     "DEFAULT_VALUE_CLIP",
+    "DEMO_NAMES",
     "ENGINE_MAX_TP",
     "HF_DECODE_PATHS",
     "PRESET_NAMES",

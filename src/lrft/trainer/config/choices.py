@@ -1,5 +1,5 @@
 """The names some settings of :class:`lrft.trainer.config.TrainConfig` choose among: the rollout
-engines, the hf engine's decoding paths and the presets. ``lrft train``'s flags offer the same
+engines, the hf engine's decoding paths, the presets and the built-in demos. ``lrft train``'s flags offer the same
 choices (:mod:`lrft.cli.flags`)."""
 
 from __future__ import annotations
@@ -14,3 +14,7 @@ HF_DECODE_PATHS = ("auto", "generate", "static", "cuda_graph", "compiled")
 """The hf engine's decoding paths (``HFEngineConfig.decode``)."""
 PRESET_NAMES: tuple[str, ...] = ("smollm2",)
 """The presets ``lrft train --preset`` offers; each is defined in :mod:`lrft.trainer.presets`."""
+DEMO_NAMES: tuple[str, ...] = ("addition", "vision")
+"""The built-in demos ``lrft train --demo`` runs when no model is given: two-digit addition on a
+tiny Qwen2 (:mod:`lrft.trainer.demo`), or counting shapes in images on a tiny Qwen2-VL
+(:mod:`lrft.trainer.demo.vision`)."""

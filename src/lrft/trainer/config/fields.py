@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from lrft.api.errors import ConfigError
+from lrft.data.images import DEFAULT_MAX_IMAGE_PIXELS
 from lrft.trainer.config import validators as f
 from lrft.trainer.metrics import PLOTS_EXTRA, tensorboard_available
 
@@ -58,6 +59,22 @@ class TrainFields:
     prompt_max_len: int | None = attrs.field(default=None, validator=f.optional_positive)
     max_samples: int | None = attrs.field(default=None, validator=f.optional_positive)
     eval_max_samples: int | None = attrs.field(default=None, validator=f.optional_positive)
+    # media (vision-language models) -------------------------------------------------------
+    demo: str = attrs.field(default="addition", validator=f.demo)
+    """The built-in demo run when no ``pretrain`` is given: ``addition`` (a tiny Qwen2) or
+    ``vision`` (a tiny Qwen2-VL counting shapes in images)."""
+    images_key: str | None = None
+    """The column holding each prompt's images (paths relative to the data file, bytes,
+    ``{"bytes", "path"}`` records); needs a vision-language ``pretrain`` and
+    ``apply_chat_template`` (its template writes the image placeholders)."""
+    limit_mm_image_per_prompt: int | None = attrs.field(default=None, validator=f.optional_positive)
+    """A prompt with more images fails the data check at start-up (needs ``images_key``)."""
+    max_image_pixels: int = attrs.field(default=DEFAULT_MAX_IMAGE_PIXELS, validator=f.positive)
+    """An image with more pixels fails the data check at start-up."""
+    freeze_vision_tower: bool = False
+    """Train without the vision tower's weights (its projector still trains): they stay as
+    loaded, and the optimizer holds no state for them."""
+    # rewards ---------------------------------------------------------------------------------
     reward_fn: str | None = None
     """``math`` (math-verify on ``reference_key``) or ``module:function``; demo: exact match."""
     reward_pretrain: tuple[str, ...] = attrs.field(default=(), converter=f.reward_paths)

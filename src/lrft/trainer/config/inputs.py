@@ -133,3 +133,25 @@ def validate_inputs(config: TrainFields) -> None:
     _check_exists("deepspeed_config", config.deepspeed_config, "a DeepSpeed JSON file")
     _check_exists("reward_recipes", config.reward_recipes, "a JSON or YAML file of recipes")
     check_auth_variables(config)
+    _check_vision_model(config)
+
+
+def _check_vision_model(config: TrainFields) -> None:
+    """The settings that act on a vision tower need a model with one."""
+    wanted = [
+        name
+        for name, on in (
+            ("images_key", config.images_key is not None),
+            ("freeze_vision_tower", config.freeze_vision_tower),
+        )
+        if on
+    ]
+    if not wanted or config.pretrain is None:
+        return
+    settings = json.loads((Path(config.pretrain) / MODEL_CONFIG).read_text(encoding="utf-8"))
+    if "vision_config" not in settings:
+        raise ConfigError(
+            f"{' and '.join(wanted)} need a vision-language model, but pretrain "
+            f"{config.pretrain!r} ({settings.get('model_type', 'unknown type')}) has no vision "
+            "tower (no vision_config in its config.json)"
+        )

@@ -31,7 +31,7 @@ from lrft.algo import (
 from lrft.api.errors import ConfigError
 from lrft.api.optim import OptimizerConfig, ScheduleKind, SchedulerConfig
 from lrft.backends.train.lora import LoraSettings
-from lrft.trainer.config import checks, inputs, knobs
+from lrft.trainer.config import checks, inputs, knobs, media_checks
 from lrft.trainer.config.fields import TrainFields
 
 DEFAULT_GAMMA = 1.0
@@ -68,6 +68,7 @@ class TrainConfig(TrainFields):
         checks.check_engine_settings(self)
         checks.check_lora_settings(self)
         knobs.check_knob_settings(self)
+        media_checks.check_media_settings(self)
 
     def validate_world(self, world_size: int) -> None:
         """The rules that depend on the number of ranks; raises ``ConfigError`` naming each."""

@@ -20,7 +20,7 @@ from lrft.api.validators import optional, positive_int
 from lrft.backends import registry
 from lrft.backends.registry import Kind
 from lrft.redaction import redact
-from lrft.trainer.config.choices import HF_DECODE_PATHS, PRESET_NAMES
+from lrft.trainer.config.choices import DEMO_NAMES, HF_DECODE_PATHS, PRESET_NAMES
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """What an environment variable's name may be (``remote_rm_auth_env`` holds names, not tokens)."""
@@ -137,6 +137,13 @@ def preset(_: object, attribute: attrs.Attribute[Any], value: str | None) -> Non
     if value is not None and value not in PRESET_NAMES:
         raise ConfigError(
             f"{attribute.name} {value!r} is unknown; choose one of {list(PRESET_NAMES)}"
+        )
+
+
+def demo(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value not in DEMO_NAMES:
+        raise ConfigError(
+            f"{attribute.name} {value!r} is unknown; choose one of {list(DEMO_NAMES)}"
         )
 
 

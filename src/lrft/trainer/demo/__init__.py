@@ -16,6 +16,9 @@ settings build the demo's :class:`~lrft.trainer.config.TrainConfig`.
 - :mod:`lrft.trainer.demo.settings`: the settings the demo brings (:data:`DEMO_SETTINGS`,
   :func:`demo_settings`) and :func:`demo_config`, which writes the prompt files and points the
   config at them and at the model.
+
+``lrft train --demo vision`` runs :mod:`lrft.trainer.demo.vision` instead: a tiny Qwen2-VL
+counting shapes in images (imported when chosen: it draws with Pillow).
 """
 
 from lrft.trainer.demo.model import ASSETS_DIR, load_model, load_tokenizer
@@ -25,6 +28,7 @@ from lrft.trainer.demo.settings import (
     DEMO_LORA_SETTINGS,
     DEMO_REWARD,
     DEMO_SETTINGS,
+    chosen_demo_config,
     demo_config,
     demo_settings,
 )
@@ -53,6 +57,7 @@ __all__ = [
     "AdditionTask",
     "Problem",
     "accuracy",
+    "chosen_demo_config",
     "demo_config",
     "demo_settings",
     "exact_answer",

@@ -50,7 +50,12 @@ rate 0.92, as the full model does (docs/lora.md)."""
 
 
 def demo_settings(values: Mapping[str, object]) -> dict[str, object]:
-    """The demo's defaults for a command line whose own settings are ``values``."""
+    """The demo's defaults for a command line whose own settings are ``values`` (the vision
+    demo's with ``demo`` ``vision``)."""
+    if values.get("demo") == "vision":
+        from lrft.trainer.demo.vision.settings import VISION_DEMO_SETTINGS
+
+        return dict(VISION_DEMO_SETTINGS)
     estimator = values.get(
         "advantage_estimator", attrs.fields_dict(TrainConfig)["advantage_estimator"].default
     )
@@ -60,6 +65,16 @@ def demo_settings(values: Mapping[str, object]) -> dict[str, object]:
     if values.get("lora_rank") not in (None, 0):
         settings.update(DEMO_LORA_SETTINGS)
     return settings
+
+
+def chosen_demo_config(config: TrainConfig, rank: int) -> TrainConfig:
+    """``config`` with the files of the demo ``config.demo`` names (see :func:`demo_config`)."""
+    if config.demo == "vision":
+        # imported here: the vision demo draws its images with Pillow, an optional dependency
+        from lrft.trainer.demo.vision.settings import vision_demo_config
+
+        return vision_demo_config(config, rank)
+    return demo_config(config, rank)
 
 
 def demo_config(config: TrainConfig, rank: int) -> TrainConfig:
