@@ -21,7 +21,7 @@ from lrft.api.errors import ConfigError
 from lrft.api.optim import OptimizerConfig
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, TrainBackend
 from lrft.api.types import ModelPart, SamplingParams
-from lrft.backends.media import freeze_vision_tower, load_generative_model
+from lrft.backends.media import freeze_audio_tower, freeze_vision_tower, load_generative_model
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync.direct import DirectSync
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
@@ -163,6 +163,8 @@ def _data(
         images_key=config.images_key,
         limit_mm_image_per_prompt=config.limit_mm_image_per_prompt,
         max_image_pixels=config.max_image_pixels,
+        audios_key=config.audios_key,
+        limit_mm_audio_per_prompt=config.limit_mm_audio_per_prompt,
     )
     return load_prompt_dataset(data, tokenizer, processor)
 
@@ -174,6 +176,8 @@ def _policy_model(config: TrainConfig) -> torch.nn.Module:
     model = load_generative_model(config.pretrain, dtype=torch.float32)
     if config.freeze_vision_tower:
         freeze_vision_tower(model)
+    if config.freeze_audio_tower:
+        freeze_audio_tower(model)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()  # type: ignore[operator]  # a transformers model, typed as a plain Module
     return model
@@ -279,7 +283,9 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
     # A vision-language model's prompts are formatted by its own processor (which holds its
     # tokenizer): the images' placeholders and their expansion are the model's.
     processor = (
-        None if config.images_key is None else MediaProcessor.from_pretrained(config.pretrain)
+        None
+        if config.images_key is None and config.audios_key is None
+        else MediaProcessor.from_pretrained(config.pretrain)
     )
     tokenizer = (
         AutoTokenizer.from_pretrained(config.pretrain) if processor is None else processor.tokenizer

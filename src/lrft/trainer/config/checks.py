@@ -395,6 +395,16 @@ def check_media_settings(config: TrainFields) -> None:
             f"limit_mm_image_per_prompt {config.limit_mm_image_per_prompt} needs images_key "
             "(without it no prompt has images)"
         )
+    if config.audios_key is not None and not config.apply_chat_template:
+        raise ConfigError(
+            f"audios_key {config.audios_key!r} needs apply_chat_template: the model's chat "
+            "template writes the audio placeholders its processor expands"
+        )
+    if config.limit_mm_audio_per_prompt is not None and config.audios_key is None:
+        raise ConfigError(
+            f"limit_mm_audio_per_prompt {config.limit_mm_audio_per_prompt} needs audios_key "
+            "(without it no prompt has audio)"
+        )
     if config.demo != "addition" and config.preset is not None:
         raise ConfigError(
             f"demo {config.demo!r} runs only when no preset (and no pretrain) is given: it brings "

@@ -1,0 +1,103 @@
+"""The audio settings of ``lrft train``: each reaches what it acts on, and one that cannot act is
+refused before any process group starts, naming the value and the rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from lrft.api import ConfigError
+from lrft.backends.media import audio_tower, freeze_audio_tower, load_generative_model
+from lrft.cli import config_from_args
+from lrft.testing.audio_models import save_tiny_audio_lm
+from lrft.trainer.build import _data, _policy_model
+from tests.trainer.fixtures import make_model_folder
+
+soundfile = pytest.importorskip("soundfile")
+
+MODEL = ["train", "--pretrain=m", "--prompt_data=p.jsonl", "--reward_fn=math"]
+
+
+@pytest.fixture(scope="module")
+def audio_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_audio_lm(tmp_path_factory.mktemp("audio-lm") / "model")
+
+
+def test_audio_settings_need_what_they_act_on(tmp_path: Path, audio_lm: Path) -> None:
+    with pytest.raises(ConfigError, match="audios_key 'audios' needs apply_chat_template"):
+        config_from_args([*MODEL, "--audios_key=audios"])
+    with pytest.raises(ConfigError, match="limit_mm_audio_per_prompt 2 needs audios_key"):
+        config_from_args([*MODEL, "--limit_mm_audio_per_prompt=2"])
+    text_model = make_model_folder(tmp_path / "text")
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"input": "x", "audios": []}) + "\n")
+    base = [f"--pretrain={text_model}", f"--prompt_data={data}", "--reward_fn=math"]
+    for flags, named in (
+        (["--audios_key=audios", "--apply_chat_template"], "audios_key"),
+        (["--freeze_audio_tower"], "freeze_audio_tower"),
+    ):
+        config = config_from_args(["train", *base, *flags])
+        with pytest.raises(ConfigError, match=f"{named} need an audio-language model, but .*qwen2"):
+            config.validate_inputs()
+    config_from_args(
+        ["train", *base[1:], f"--pretrain={audio_lm}", "--freeze_audio_tower"]
+    ).validate_inputs()
+    with pytest.raises(ConfigError, match="freeze_vision_tower need a vision-language model"):
+        config_from_args(
+            ["train", *base[1:], f"--pretrain={audio_lm}", "--freeze_vision_tower"]
+        ).validate_inputs()
+
+
+def test_audio_flags_reach_the_data(tmp_path: Path, audio_lm: Path) -> None:
+    """--audios_key and --limit_mm_audio_per_prompt are the data's."""
+    from lrft.data import MediaProcessor, PromptDataError
+
+    soundfile.write(tmp_path / "a.wav", torch.zeros(1600).numpy(), 16_000)
+    rows = [{"q": "two", "clips": ["a.wav", "a.wav"], "answer": "1"}]
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    processor = MediaProcessor.from_pretrained(audio_lm)
+    base = [
+        "train",
+        f"--pretrain={audio_lm}",
+        f"--prompt_data={data}",
+        "--reward_fn=math",
+        "--input_key=q",
+        "--reference_key=answer",
+        "--audios_key=clips",
+        "--apply_chat_template",
+    ]
+    dataset = _data(config_from_args(base), str(data), processor.tokenizer, None, processor)
+    assert len(dataset.samples[0].audio) == 2
+    assert dataset.media is not None
+    too_many = config_from_args([*base, "--limit_mm_audio_per_prompt=1"])
+    with pytest.raises(PromptDataError, match="2 audio clips, more than limit_mm_audio_per_prompt"):
+        _data(too_many, str(data), processor.tokenizer, None, processor)
+
+
+def test_freeze_audio_tower_freezes_the_encoder_only(audio_lm: Path) -> None:
+    model = load_generative_model(audio_lm, dtype=torch.float32)
+    tower = audio_tower(model)
+    assert tower is not None
+    frozen = freeze_audio_tower(model)
+    assert len(frozen) == sum(1 for _ in tower.parameters())
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert not any(name.startswith("model.audio_tower.") for name in trainable)
+    assert any(name.startswith("model.multi_modal_projector.") for name in trainable)
+    assert any(name.startswith("model.language_model.") for name in trainable)
+
+    config = config_from_args(
+        [*MODEL[:1], f"--pretrain={audio_lm}", *MODEL[2:], "--freeze_audio_tower"]
+    )
+    policy = _policy_model(config)
+    assert {n for n, p in policy.named_parameters() if p.requires_grad} == trainable
+    unfrozen = _policy_model(config_from_args([*MODEL[:1], f"--pretrain={audio_lm}", *MODEL[2:]]))
+    assert any(
+        n.startswith("model.audio_tower.") and p.requires_grad
+        for n, p in unfrozen.named_parameters()
+    )
+    with pytest.raises(ValueError, match="has no audio tower"):
+        freeze_audio_tower(torch.nn.Linear(2, 2))
