@@ -1,7 +1,8 @@
 """The trainer on prompts with images, on two gloo ranks: a tiny Qwen2-VL trained with GRPO under
 FSDP2 and under DeepSpeed ZeRO-3 (the actor and a KL reference both see the images), the
 weights (vision tower and projector included) synced into the hf engine and verified, and
-``--freeze_vision_tower`` leaving the tower as loaded while its projector trains."""
+``--freeze_vision_tower`` leaving the tower as loaded while its projector trains, its weights
+skipped by a changes-only sync into an engine that still holds them."""
 
 from __future__ import annotations
 
@@ -86,6 +87,8 @@ def _one_step(root: Path, extra: list[str]) -> dict[str, object]:
         "names": sorted(after),
         "metrics": metrics,
         "verified": report.verified,
+        "sent": report.tensors,
+        "unchanged": report.unchanged,
         "engine_matches": engine.weights_digest() == tensor_digests(after),
         "images": "images" in engine.capabilities.names(),
     }
@@ -114,6 +117,10 @@ def _check(results: list[dict[str, object]], *, frozen: bool) -> None:
         assert set(tower) & set(moved), "the vision tower did not train"
     assert all(result["engine_matches"] for result in results), "the engine holds other weights"
     assert all(result["verified"] is True for result in results)
+    # The last sync follows the step's own: the engine still holds every weight, so a changes-
+    # only sync sends what training changes and skips a frozen tower.
+    assert first["unchanged"] == (len(tower) if frozen else 0), first["unchanged"]
+    assert first["sent"] == len(names) - (len(tower) if frozen else 0), first["sent"]
 
 
 class TestMediaTrainerRanks(DistributedSuite):

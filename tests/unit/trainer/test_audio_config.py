@@ -31,6 +31,10 @@ def test_audio_settings_need_what_they_act_on(tmp_path: Path, audio_lm: Path) ->
         config_from_args([*MODEL, "--audios_key=audios"])
     with pytest.raises(ConfigError, match="limit_mm_audio_per_prompt 2 needs audios_key"):
         config_from_args([*MODEL, "--limit_mm_audio_per_prompt=2"])
+    with pytest.raises(ConfigError, match="audios_key 'a' with advantage_estimator 'gae': the"):
+        config_from_args(
+            [*MODEL, "--audios_key=a", "--apply_chat_template", "--advantage_estimator=gae"]
+        )
     text_model = make_model_folder(tmp_path / "text")
     data = tmp_path / "p.jsonl"
     data.write_text(json.dumps({"input": "x", "audios": []}) + "\n")

@@ -52,6 +52,10 @@ def test_media_settings_need_what_they_act_on(tmp_path: Path) -> None:
         config_from_args([*MODEL, "--images_key=images"])
     with pytest.raises(ConfigError, match="limit_mm_image_per_prompt 2 needs images_key"):
         config_from_args([*MODEL, "--limit_mm_image_per_prompt=2"])
+    with pytest.raises(ConfigError, match="advantage_estimator 'gae': the critic does not see"):
+        config_from_args(
+            [*MODEL, "--images_key=images", "--apply_chat_template", "--advantage_estimator=gae"]
+        )
     text_model = make_model_folder(tmp_path / "text")
     data = tmp_path / "p.jsonl"
     data.write_text(json.dumps({"input": "x", "images": []}) + "\n")

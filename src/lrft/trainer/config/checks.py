@@ -405,6 +405,17 @@ def check_media_settings(config: TrainFields) -> None:
             f"limit_mm_audio_per_prompt {config.limit_mm_audio_per_prompt} needs audios_key "
             "(without it no prompt has audio)"
         )
+    for option, key, what, tower in (
+        ("images_key", config.images_key, "images", "vision tower"),
+        ("audios_key", config.audios_key, "audio", "audio tower"),
+    ):
+        if key is not None and advantage_estimators.get(config.advantage_estimator).needs_values:
+            raise ConfigError(
+                f"{option} {key!r} with advantage_estimator "
+                f"{config.advantage_estimator!r}: the critic does not see {what} (its "
+                f"token-classification form has no {tower}); choose an estimator without "
+                f"values ({', '.join(n for n in advantage_estimators.names() if n not in value_based_estimators())})"
+            )
     if config.demo != "addition" and config.preset is not None:
         raise ConfigError(
             f"demo {config.demo!r} runs only when no preset (and no pretrain) is given: it brings "
