@@ -155,6 +155,29 @@ def freeze_audio_tower(model: torch.nn.Module) -> list[str]:
     return _freeze(tower)
 
 
+def idle_audio_inputs(model: torch.nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
+    """Inputs that run a Qwen2-Audio-style encoder over one silent clip yielding no audio token
+    (empty for a model without an audio tower).
+
+    A sharded trainer (FSDP2, ZeRO-3) gathers each encoder layer's weights collectively when it
+    runs, so every rank's forward must run the encoder, also over a micro-batch without audio,
+    or the ranks' collectives stop matching (gloo: "Received data size doesn't match expected
+    size"). One frame of mel features is one valid encoder position (no fully masked attention
+    row, so no NaN) that the encoder's stride and pooling turn into 0 output tokens: nothing is
+    scattered into the text, the logits are the text model's, and the encoder and projector get
+    zero gradients on every rank alike."""
+    config = getattr(_config(model), "audio_config", None)
+    if config is None:
+        return {}
+    frames = 2 * int(config.max_source_positions)  # the encoder's second convolution halves them
+    mask = torch.zeros((1, frames), dtype=torch.long, device=device)
+    mask[0, 0] = 1
+    return {
+        "input_features": torch.zeros((1, int(config.num_mel_bins), frames), device=device),
+        "feature_attention_mask": mask,
+    }
+
+
 def media_patches(media: ProcessedMedia | None) -> int:
     """The positions a prompt's media encoder reads (0 without media): its largest input, in
     rows of a 2-D input (Qwen2-VL's ``pixel_values``: patches) or items x last dimension of a
