@@ -226,3 +226,23 @@ def test_intact_engine_passes_the_same_checks(engine_models: EngineModels) -> No
     static = type("StaticSuite", (BrokenEngineSuite,), {"decode": "static"})
     checks.check_image_greedy_matches_reference(static, engine_models, CPU)
     checks.check_audio_greedy_matches_reference(static, engine_models, CPU)
+
+
+def test_the_hf_engine_declares_the_modalities_its_model_takes(
+    engine_models: EngineModels,
+) -> None:
+    """Without these the media checks would skip the hf engine rather than run on it."""
+    declared = {
+        folder.name: {"images", "audio"}
+        & set(
+            HFRolloutEngine.from_pretrained(
+                folder, config=HFEngineConfig(device=CPU)
+            ).capabilities.names()
+        )
+        for folder in (engine_models.base_dir, engine_models.vlm_dir, engine_models.audio_dir)
+    }
+    assert declared == {
+        engine_models.base_dir.name: set(),
+        engine_models.vlm_dir.name: {"images"},
+        engine_models.audio_dir.name: {"audio"},
+    }

@@ -105,7 +105,7 @@ class MediaLoader:
     ) -> tuple[list[Image], list[AudioClip]]:
         """The images and clips of one row, decoded (clips at the feature extractor's rate);
         ``where`` names the row in errors."""
-        decoded = [
+        decoded: list[Image] = [
             read_image(source, max_pixels=self.max_image_pixels, where=where) for source in images
         ]
         rate = self.processor.sampling_rate
@@ -128,7 +128,7 @@ class MediaLoader:
         images, clips = self.read(sample.images, sample.audio, where=where)
         processed = self.processor.process(sample.prompt_text, images=images, audio=clips)
         if processed.prompt_token_ids != sample.prompt_token_ids:
-            sources = [s.describe() for s in (*sample.images, *sample.audio)]
+            sources = [s.describe() for s in sample.images] + [s.describe() for s in sample.audio]
             raise PromptDataError(
                 f"{where}: its media now expand to {len(processed.prompt_token_ids)} prompt "
                 f"tokens, {sample.prompt_length} when the data was loaded (did a media file "

@@ -130,14 +130,14 @@ def save_audio_processor_files(
     tokenizer, feature extractor settings, processor class, chat template)."""
     from transformers import Qwen2AudioProcessor, WhisperFeatureExtractor
 
-    extractor = WhisperFeatureExtractor(
+    extractor = WhisperFeatureExtractor(  # type: ignore[no-untyped-call]  # unannotated in transformers
         feature_size=MEL_BINS,
         sampling_rate=SAMPLING_RATE,
         hop_length=HOP_LENGTH,
         chunk_length=WINDOW_SECONDS,
         n_fft=400,
     )
-    processor = Qwen2AudioProcessor(
+    processor = Qwen2AudioProcessor(  # type: ignore[no-untyped-call]  # unannotated in transformers
         feature_extractor=extractor, tokenizer=tokenizer, chat_template=chat_template
     )
     directory.mkdir(parents=True, exist_ok=True)
