@@ -105,3 +105,49 @@ def test_freeze_audio_tower_freezes_the_encoder_only(audio_lm: Path) -> None:
     )
     with pytest.raises(ValueError, match="has no audio tower"):
         freeze_audio_tower(torch.nn.Linear(2, 2))
+
+
+def test_rewards_see_the_prompts_clips(audio_lm: Path) -> None:
+    from collections.abc import Sequence
+
+    from lrft.api import SamplingParams
+    from lrft.backends.rollout.hf import HFRolloutEngine
+    from lrft.data import PromptSample
+    from lrft.rewards import RewardOutput, RewardSample
+    from lrft.testing.conformance._rollout_media_checks import AUDIO, media_prompts
+    from lrft.trainer.experience import ExperienceMaker
+
+    seen: list[RewardSample] = []
+
+    class Recording:
+        name = "recording"
+
+        def __call__(self, samples: Sequence[RewardSample]) -> RewardOutput:
+            seen.extend(samples)
+            return RewardOutput(scores=[0.0] * len(samples))
+
+    prompts = media_prompts(audio_lm, rank=0, kind=AUDIO)  # 1, 0, 2 and 1 clips
+    engine = HFRolloutEngine.from_pretrained(audio_lm)
+    results = engine.generate(
+        [p.request for p in prompts], SamplingParams(temperature=0.0, max_new_tokens=2)
+    )
+    samples = [
+        PromptSample(
+            prompt_text="p", prompt_token_ids=p.request.prompt_token_ids, media=p.request.media
+        )
+        for p in prompts
+    ]
+    maker = ExperienceMaker(
+        engine=engine,
+        decode=lambda ids: str(list(ids)),
+        reward=Recording(),
+        sampling=SamplingParams(),
+        estimator="group_norm",
+        micro_batch_size=4,
+        device=torch.device("cpu"),
+    )
+    maker.rate(samples, results, 1)
+    assert [len(sample.audio) for sample in seen] == [1, 0, 2, 1]
+    for sample, prompt in zip(seen, prompts, strict=True):
+        media = prompt.request.media
+        assert sample.audio == (() if media is None else media.audio)
