@@ -1,5 +1,5 @@
-"""A tiny Qwen2-Audio trained under FSDP2 on 1 and 2 gloo ranks, and end to end through
-``torchrun --nproc_per_node 2 -m lrft train``.
+"""A tiny Qwen2-Audio trained under FSDP2 (and DeepSpeed ZeRO-3, every parameter sharded) on 1
+and 2 gloo ranks, and end to end through ``torchrun --nproc_per_node 2 -m lrft train``.
 
 - The actor's and the reference's response logprobs over rows with 0, 1 and 2 audio clips equal
   a plain ``Qwen2AudioForConditionalGeneration`` forward of each unpadded sequence (the
@@ -38,6 +38,7 @@ from lrft.testing.reference import load_reference_vlm, media_token_logprobs, tok
 from lrft.trainer.logprobs import response_logprobs
 from lrft.trainer.sequences import Sequences, pack
 from tests.trainer.fixtures import REWARD_FLAG
+from tests.trainer.test_media_backends import BACKENDS, _backend
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,13 +88,13 @@ def _gap(got: torch.Tensor, wanted: list[list[float]]) -> float:
     )
 
 
-def _logprob_gaps(root: Path) -> dict[str, float]:
-    """Largest difference to the reference of the FSDP2 actor's and reference model's response
+def _logprob_gaps(root: Path, backend_name: str) -> dict[str, float]:
+    """Largest difference to the reference of the actor's and reference model's response
     logprobs, and of the actor's with the audio left out of its rows."""
     model_dir = _prepare(root)
     prompts, sequences = _rows(model_dir)
     wanted = _reference(model_dir, prompts)
-    backend = FSDP2Backend()
+    backend = _backend(backend_name)
     actor = backend.prepare_trainable(
         load_generative_model(model_dir, dtype=torch.float32), optimizer=OptimizerConfig(lr=1e-3)
     )
@@ -166,8 +167,8 @@ def _frozen_tower_step(root: Path) -> dict[str, object]:
     }
 
 
-def _uneven_ranks(root: Path) -> dict[str, float]:
-    """Rank 0's rows hold 1, 0, 2 and 1 clips; every other rank's one text row only. The FSDP2
+def _uneven_ranks(root: Path, backend_name: str) -> dict[str, float]:
+    """Rank 0's rows hold 1, 0, 2 and 1 clips; every other rank's one text row only. The
     actor's logprobs against the reference, and one step's gradient norm against the plain
     model's on all ranks' rows (the mean of the ranks' losses)."""
     context = current_rank_context()
@@ -177,7 +178,7 @@ def _uneven_ranks(root: Path) -> dict[str, float]:
     if context.rank != 0:
         text_row = torch.tensor([1])
         sequences, wanted = sequences.select(text_row), [wanted[1]]
-    actor = FSDP2Backend().prepare_trainable(
+    actor = _backend(backend_name).prepare_trainable(
         load_generative_model(model_dir, dtype=torch.float32), optimizer=OptimizerConfig(lr=1e-3)
     )
     logprobs = response_logprobs(actor.module, sequences, temperature=1.0, device=CPU)
@@ -202,15 +203,21 @@ def _uneven_ranks(root: Path) -> dict[str, float]:
 
 
 class _AudioBackendChecks(DistributedSuite):
-    def test_ranks_with_and_without_clips(self, pool: RankPool, tmp_path: Path) -> None:
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_ranks_with_and_without_clips(
+        self, pool: RankPool, tmp_path: Path, backend: str
+    ) -> None:
         root = pool.shared_dir / tmp_path.name
-        for result in pool.run(_uneven_ranks, root):
+        for result in pool.run(_uneven_ranks, root, backend):
             assert result["gap"] < 2e-5, result
             assert result["grad_norm"] == pytest.approx(result["plain_grad_norm"], rel=1e-5)
 
-    def test_response_logprobs_equal_a_plain_forward(self, pool: RankPool, tmp_path: Path) -> None:
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_response_logprobs_equal_a_plain_forward(
+        self, pool: RankPool, tmp_path: Path, backend: str
+    ) -> None:
         root = pool.shared_dir / tmp_path.name
-        for gaps in pool.run(_logprob_gaps, root):
+        for gaps in pool.run(_logprob_gaps, root, backend):
             assert gaps["actor"] < 2e-5, gaps
             assert gaps["reference"] < 2e-5, gaps
             assert gaps["padding"] == 0.0, gaps
