@@ -118,8 +118,9 @@ def audio_lm_tokenizer() -> PreTrainedTokenizerFast:
         tokenizer_object=backend, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN
     )
     tokenizer.chat_template = CHAT_TEMPLATE
-    assert len(tokenizer) == VOCAB_SIZE
-    assert tokenizer.convert_tokens_to_ids("<|AUDIO|>") == AUDIO_TOKEN_ID
+    assert len(tokenizer) == VOCAB_SIZE, f"{len(tokenizer)} tokens, expected {VOCAB_SIZE}"
+    audio_id = tokenizer.convert_tokens_to_ids("<|AUDIO|>")
+    assert audio_id == AUDIO_TOKEN_ID, f"<|AUDIO|> is {audio_id}, expected {AUDIO_TOKEN_ID}"
     return tokenizer
 
 

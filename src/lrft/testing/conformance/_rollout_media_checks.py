@@ -89,13 +89,13 @@ class MediaKind:
 
 
 def _image(seed: int, spec: object) -> Image:
-    assert isinstance(spec, tuple)
+    assert isinstance(spec, tuple), f"an image spec is (width, height), got {spec!r}"
     width, height = spec
     return noise_image(seed, width, height)
 
 
 def _clip(seed: int, spec: object) -> AudioClip:
-    assert isinstance(spec, float)
+    assert isinstance(spec, float), f"a clip spec is its length in seconds, got {spec!r}"
     return tone(seed, spec)
 
 
