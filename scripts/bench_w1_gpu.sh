@@ -19,6 +19,9 @@
 #   trl_w2_ragged.json  TRL on W2 with each response forced to lrft's w2-ragged lengths
 #                       (scripts/trl_w2_ragged.py: EOS forced at log-uniform lengths 64-1024)
 #   lrft_w2_ragged.json lrft on w2-ragged: GRPO per phase, generate against the full batch's rate
+#   trl_vl1.json        TRL on VL1 (the Qwen2-VL-2B shape, 448x448 images, 64 x 256 tokens;
+#                       scripts/trl_vl1.py, on lrft's own model folder, processor and prompts)
+#   lrft_vl1.json       lrft on VL1: GRPO per phase and weight sync (lrft bench all --workload vl1)
 #   *.log               each stage's output
 # Each stage has its own time limit (seconds; LIMIT_<stage> overrides), chosen so that all of
 # them fit one device call (600 s): a slow stage leaves the others' results. STAGES picks the
@@ -28,6 +31,8 @@
 # this order; the lrft one compiles first, the second finds inductor's cache warm):
 #   run(command='STAGES="trl_w2 lrft_w2" bash scripts/bench_w1_gpu.sh run', carry=[".whl", ".bench"])
 #   run(command='STAGES="lrft_w2_ragged trl_w2_ragged trl_w2 lrft_w2" W2_STEPS=3 LIMIT_trl_w2_ragged=130 LIMIT_trl_w2=140 LIMIT_lrft_w2=140 bash scripts/bench_w1_gpu.sh run', carry=[".whl", ".bench"])
+# The VL1 pair (lrft first: it writes the model folder and the images TRL's side reads too):
+#   run(command='STAGES="lrft_vl1 trl_vl1" bash scripts/bench_w1_gpu.sh run', carry=[".whl", ".bench"])
 set -uo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -110,6 +115,15 @@ run() {
         stage lrft_w2 "${LIMIT_lrft_w2:-330}" env PYTHONPATH="$here/src" python3 -m lrft bench \
             grpo --workload w2 --steps "$w2_steps" --output "$out/lrft_w2.json" \
             --work_dir /tmp/lrft-bench
+    fi
+    if [[ $stages == *" lrft_vl1 "* ]]; then
+        stage lrft_vl1 "${LIMIT_lrft_vl1:-280}" env PYTHONPATH="$here/src" python3 -m lrft bench \
+            all --workload vl1 --output "$out/lrft_vl1.json" --work_dir /tmp/lrft-bench
+    fi
+    if [[ $stages == *" trl_vl1 "* ]]; then
+        stage trl_vl1 "${LIMIT_trl_vl1:-280}" env WORK_DIR=/tmp/lrft-bench \
+            PYTHONPATH="/tmp/trl-site:$here/src" python3 scripts/trl_vl1.py
+        grep '^{' "$out/trl_vl1.log" | tail -n 1 > "$out/trl_vl1.json"
     fi
     ls -la "$out"
 }

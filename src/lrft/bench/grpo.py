@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from lrft.api.errors import ConfigError, LrftError
 from lrft.bench import flops
-from lrft.bench.assets import model_folder, prompt_file
+from lrft.bench.assets import IMAGES_KEY, model_folder, prompt_file, prompt_tokens, words_end
 from lrft.bench.ceilings import synchronize
 from lrft.bench.ragged import ForcedLengths, full_batch_tokens_per_s
 from lrft.bench.rewards import TEXT_LENGTH
@@ -50,7 +50,7 @@ def train_config(workload: Workload, spec: GrpoSpec, *, work_dir: Path, steps: i
     return _config(
         spec,
         pretrain=str(model_folder(workload.model, work_dir)),
-        prompt_data=str(prompt_file(spec.prompts, workload.model.vocab_size, work_dir)),
+        prompt_data=str(prompt_file(spec.prompts, words_end(workload.model), work_dir)),
         save_path=str(work_dir / "grpo-output"),
         steps=steps,
     )
@@ -66,9 +66,16 @@ def check_train_settings(spec: GrpoSpec, *, world_size: int) -> None:
 def _config(
     spec: GrpoSpec, *, pretrain: str, prompt_data: str, save_path: str, steps: int
 ) -> TrainConfig:
+    # prompts with images: the processor's chat template places them (an ``<image>`` marker)
+    images: dict[str, Any] = (
+        {}
+        if spec.prompts.images is None
+        else {"images_key": IMAGES_KEY, "apply_chat_template": True}
+    )
     try:
         return TrainConfig(
             **spec.train,
+            **images,
             pretrain=pretrain,
             prompt_data=prompt_data,
             reward_fn=TEXT_LENGTH,
@@ -109,10 +116,11 @@ def run_grpo(
     info = RankInfo.from_env()
     trainer = build_trainer(config, info)
     lengths = {sample.prompt_length for sample in trainer.train_data}
-    if lengths != {spec.prompts.tokens}:
+    expected = prompt_tokens(spec.prompts, workload.model)
+    if lengths != {expected}:
         raise LrftError(
-            f"the prompts encode to {sorted(lengths)} tokens, not {spec.prompts.tokens}: the "
-            "benchmark tokenizer does not round-trip with this transformers version"
+            f"the prompts encode to {sorted(lengths)} tokens, not {expected}: the "
+            "benchmark tokenizer (or processor) does not round-trip with this transformers version"
         )
     device = trainer.device
     forced = None
@@ -192,7 +200,7 @@ def _summary(
         for name in phase_names
     }
     response = _median([metrics["train/response_length"] for _, metrics in steady])
-    prompt = float(spec.prompts.tokens)
+    prompt = float(prompt_tokens(spec.prompts, workload.model))
     generated = samples * response
     generate_s = phases.get("generate", 0.0)
     update_s = phases.get("policy", 0.0)

@@ -2,9 +2,10 @@
 
 A workload is a JSON file (the built-in ones ship in ``lrft/bench/workloads/``). Its sections:
 
-- ``model``: a Qwen2 config with random weights drawn from ``seed`` (no hub download);
+- ``model``: a Qwen2 config with random weights drawn from ``seed`` (no hub download); with a
+  ``vision`` section, a Qwen2-VL of that language model and vision tower;
 - ``grpo``: the end-to-end GRPO loop through ``lrft train``'s own builder: prompts of random
-  tokens, a text-length reward, ``train``, a mapping of ``lrft train`` settings, and optionally
+  tokens (with ``prompts.images``, each with one random image), a text-length reward, ``train``, a mapping of ``lrft train`` settings, and optionally
   ``ragged``, responses forced to lengths of a long-tailed distribution;
 - ``train_mfu``: the policy update alone on synthetic sequences of a fixed length;
 - ``sync``: weight sync from the trainer into the engine;
@@ -29,7 +30,18 @@ import attrs
 from lrft.api import validators as v
 from lrft.api.errors import ConfigError
 
-BUILT_IN = ("w1", "w2", "qwen2-1.5b", "tiny", "w2-ragged", "w2-lora", "w2-kl", "w2-lora-kl")
+BUILT_IN = (
+    "w1",
+    "w2",
+    "qwen2-1.5b",
+    "tiny",
+    "w2-ragged",
+    "w2-lora",
+    "w2-kl",
+    "w2-lora-kl",
+    "vl1",
+    "vl-tiny",
+)
 """Workload names that resolve to the files shipped in ``lrft/bench/workloads/``."""
 
 PARTS = ("grpo", "train_mfu", "sync", "sleep")
@@ -51,6 +63,8 @@ MANAGED_TRAIN_KEYS = frozenset(
 )
 """``lrft train`` settings the GRPO part sets itself (model folder, prompts, reward, steps,
 outputs); a workload's ``grpo.train`` must leave them out."""
+IMAGE_TRAIN_KEYS = frozenset({"images_key", "apply_chat_template", "input_key"})
+"""Set by the GRPO part too when its prompts have images."""
 
 
 def _dtype_name(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
@@ -59,8 +73,34 @@ def _dtype_name(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
 
 
 @attrs.frozen(kw_only=True)
+class VisionSpec:
+    """A Qwen2-VL vision tower: ``depth`` blocks of width ``embed_dim`` with ``num_heads`` heads,
+    patches of ``patch_size`` pixels merged ``spatial_merge_size`` x ``spatial_merge_size`` into
+    one token of the language model (the projector maps to its hidden size); the language
+    model's m-RoPE splits its rotary frequencies into ``mrope_section`` (time, height, width)."""
+
+    depth: int = attrs.field(validator=v.positive_int)
+    embed_dim: int = attrs.field(validator=v.positive_int)
+    num_heads: int = attrs.field(validator=v.positive_int)
+    mlp_ratio: int = attrs.field(default=4, validator=v.positive_int)
+    patch_size: int = attrs.field(default=14, validator=v.positive_int)
+    spatial_merge_size: int = attrs.field(default=2, validator=v.positive_int)
+    temporal_patch_size: int = attrs.field(default=2, validator=v.positive_int)
+    mrope_section: tuple[int, int, int] = attrs.field(converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        if self.embed_dim % self.num_heads:
+            raise ConfigError(
+                f"model.vision.embed_dim {self.embed_dim} must be divisible by "
+                f"model.vision.num_heads {self.num_heads}"
+            )
+
+
+@attrs.frozen(kw_only=True)
 class ModelSpec:
-    """A Qwen2 causal LM by its config; weights are transformers' initialisation under ``seed``."""
+    """A Qwen2 causal LM by its config; weights are transformers' initialisation under ``seed``.
+    With ``vision``, a Qwen2-VL whose language model is that Qwen2 (figures such as the MFU
+    count the language model only)."""
 
     hidden_size: int = attrs.field(validator=v.positive_int)
     num_hidden_layers: int = attrs.field(validator=v.positive_int)
@@ -73,8 +113,14 @@ class ModelSpec:
     seed: int = 0
     saved_dtype: str = attrs.field(default="bfloat16", validator=_dtype_name)
     """The dtype the random weights are rounded to and saved in (W1: bf16, like TRL's model)."""
+    vision: VisionSpec | None = None
 
     def __attrs_post_init__(self) -> None:
+        if self.vision is not None and 2 * sum(self.vision.mrope_section) != self.head_dim:
+            raise ConfigError(
+                f"model.vision.mrope_section {list(self.vision.mrope_section)} must sum to half "
+                f"the head dim {self.head_dim} (hidden_size / num_attention_heads)"
+            )
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"hidden_size {self.hidden_size} must be divisible by num_attention_heads "
@@ -92,12 +138,23 @@ class ModelSpec:
 
 
 @attrs.frozen(kw_only=True)
+class ImageSpec:
+    """One RGB image of uniform noise, ``width`` x ``height`` pixels, per prompt, placed before
+    its tokens; the processor keeps that size (a model with ``vision`` only)."""
+
+    width: int = attrs.field(validator=v.positive_int)
+    height: int = attrs.field(validator=v.positive_int)
+
+
+@attrs.frozen(kw_only=True)
 class PromptSpec:
-    """``count`` prompts of exactly ``tokens`` token ids each, drawn from ``seed``."""
+    """``count`` prompts of exactly ``tokens`` token ids each, drawn from ``seed``; with
+    ``images``, each after one image."""
 
     count: int = attrs.field(validator=v.positive_int)
     tokens: int = attrs.field(validator=v.positive_int)
     seed: int = 0
+    images: ImageSpec | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -134,7 +191,8 @@ class GrpoSpec:
             raise ConfigError(
                 f"grpo.steady_from {self.steady_from} must be <= grpo.steps {self.steps}"
             )
-        managed = sorted(MANAGED_TRAIN_KEYS & set(self.train))
+        own = MANAGED_TRAIN_KEYS | (IMAGE_TRAIN_KEYS if self.prompts.images else frozenset())
+        managed = sorted(own & set(self.train))
         if managed:
             raise ConfigError(f"grpo.train must not set {managed}: the benchmark sets them itself")
         longest = self.train.get("generate_max_len")
@@ -224,6 +282,8 @@ _NESTED: dict[type[Any], dict[str, type[Any]]] = {
         "sleep": SleepSpec,
     },
     GrpoSpec: {"prompts": PromptSpec, "ragged": RaggedSpec},
+    ModelSpec: {"vision": VisionSpec},
+    PromptSpec: {"images": ImageSpec},
 }
 
 
@@ -246,7 +306,14 @@ def _build(cls: type[T], data: object, where: str) -> T:
 
 def workload_from_dict(data: Mapping[str, Any], *, source: str) -> Workload:
     """A validated workload from its JSON mapping; errors name ``source``."""
-    return _build(Workload, dict(data), source)
+    workload = _build(Workload, dict(data), source)
+    if (
+        workload.grpo is not None
+        and workload.grpo.prompts.images is not None
+        and workload.model.vision is None
+    ):
+        raise ConfigError(f"{source}: grpo.prompts.images needs a model with a vision section")
+    return workload
 
 
 def load_workload(name_or_path: str) -> Workload:

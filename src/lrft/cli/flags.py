@@ -151,7 +151,7 @@ FLAGS: tuple[Flag, ...] = (
         choices=DEMO_NAMES,
         help="the built-in demo run when no --pretrain or --preset is given: addition (a tiny "
         "Qwen2 learns two-digit sums) or vision (a tiny Qwen2-VL learns to count shapes in "
-        "images; needs pillow)",
+        "images; needs pillow: pip install 'lrft[data]')",
     ),
     Flag(
         name="images_key",

@@ -26,7 +26,12 @@ def audio_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_tiny_audio_lm(tmp_path_factory.mktemp("audio-lm") / "model")
 
 
-def test_audio_settings_need_what_they_act_on(tmp_path: Path, audio_lm: Path) -> None:
+def test_audio_settings_need_what_they_act_on(
+    tmp_path: Path, audio_lm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("lrft.trainer.config.checks.vllm_available", lambda: True)
+    with pytest.raises(ConfigError, match="engine_type 'vllm': only the hf engine generates"):
+        config_from_args([*MODEL, "--audios_key=a", "--apply_chat_template", "--engine_type=vllm"])
     with pytest.raises(ConfigError, match="audios_key 'audios' needs apply_chat_template"):
         config_from_args([*MODEL, "--audios_key=audios"])
     with pytest.raises(ConfigError, match="limit_mm_audio_per_prompt 2 needs audios_key"):

@@ -47,11 +47,18 @@ def test_the_vision_demo_refuses_a_model_of_the_users(tmp_path: Path) -> None:
         build_trainer(config, info)
 
 
-def test_media_settings_need_what_they_act_on(tmp_path: Path) -> None:
+def test_media_settings_need_what_they_act_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("lrft.trainer.config.checks.vllm_available", lambda: True)
     with pytest.raises(ConfigError, match="images_key 'images' needs apply_chat_template"):
         config_from_args([*MODEL, "--images_key=images"])
     with pytest.raises(ConfigError, match="limit_mm_image_per_prompt 2 needs images_key"):
         config_from_args([*MODEL, "--limit_mm_image_per_prompt=2"])
+    with pytest.raises(ConfigError, match="engine_type 'vllm': only the hf engine generates"):
+        config_from_args(
+            [*MODEL, "--images_key=images", "--apply_chat_template", "--engine_type=vllm"]
+        )
     with pytest.raises(ConfigError, match="advantage_estimator 'gae': the critic does not see"):
         config_from_args(
             [*MODEL, "--images_key=images", "--apply_chat_template", "--advantage_estimator=gae"]
@@ -105,3 +112,14 @@ def test_image_flags_reach_the_data(tmp_path: Path) -> None:
     with pytest.raises(PromptDataError, match="more than max_image_pixels=100"):
         _data(too_big, str(data), processor.tokenizer, None, processor)
     assert PromptDataConfig(prompt_data=str(data)).images_key is None
+
+
+def test_the_vllm_engine_refuses_a_vision_language_model_before_starting(tmp_path: Path) -> None:
+    from lrft.api import CapabilityNotSupported
+    from lrft.backends.rollout.vllm import VLLMRolloutEngine
+
+    vlm = save_tiny_vlm(tmp_path / "vlm")
+    # raised before vLLM is imported: this venv need not have it
+    with pytest.raises(CapabilityNotSupported, match="'qwen2_vl' model with a vision tower") as e:
+        VLLMRolloutEngine(vlm)
+    assert e.value.capability == "images"

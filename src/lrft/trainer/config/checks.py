@@ -382,47 +382,6 @@ def check_engine_settings(config: TrainFields) -> None:
         )
 
 
-def check_media_settings(config: TrainFields) -> None:
-    """The media settings need what they act on: images need the chat template, the image limit
-    needs images."""
-    if config.images_key is not None and not config.apply_chat_template:
-        raise ConfigError(
-            f"images_key {config.images_key!r} needs apply_chat_template: the model's chat "
-            "template writes the image placeholders its processor expands"
-        )
-    if config.limit_mm_image_per_prompt is not None and config.images_key is None:
-        raise ConfigError(
-            f"limit_mm_image_per_prompt {config.limit_mm_image_per_prompt} needs images_key "
-            "(without it no prompt has images)"
-        )
-    if config.audios_key is not None and not config.apply_chat_template:
-        raise ConfigError(
-            f"audios_key {config.audios_key!r} needs apply_chat_template: the model's chat "
-            "template writes the audio placeholders its processor expands"
-        )
-    if config.limit_mm_audio_per_prompt is not None and config.audios_key is None:
-        raise ConfigError(
-            f"limit_mm_audio_per_prompt {config.limit_mm_audio_per_prompt} needs audios_key "
-            "(without it no prompt has audio)"
-        )
-    for option, key, what, tower in (
-        ("images_key", config.images_key, "images", "vision tower"),
-        ("audios_key", config.audios_key, "audio", "audio tower"),
-    ):
-        if key is not None and advantage_estimators.get(config.advantage_estimator).needs_values:
-            raise ConfigError(
-                f"{option} {key!r} with advantage_estimator "
-                f"{config.advantage_estimator!r}: the critic does not see {what} (its "
-                f"token-classification form has no {tower}); choose an estimator without "
-                f"values ({', '.join(n for n in advantage_estimators.names() if n not in value_based_estimators())})"
-            )
-    if config.demo != "addition" and config.preset is not None:
-        raise ConfigError(
-            f"demo {config.demo!r} runs only when no preset (and no pretrain) is given: it brings "
-            "its own model and data"
-        )
-
-
 def validate_world(config: TrainFields, world_size: int) -> None:
     """See :meth:`lrft.trainer.config.TrainConfig.validate_world`."""
     if world_size % config.engine_tp_size:

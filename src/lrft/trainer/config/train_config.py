@@ -21,7 +21,7 @@ import attrs
 from lrft.algo import AdvantageParams, AggregationMode, PolicyLossConfig, advantage_estimators
 from lrft.api.errors import ConfigError
 from lrft.backends.train.lora import LoraSettings
-from lrft.trainer.config import checks, inputs
+from lrft.trainer.config import checks, inputs, media_checks
 from lrft.trainer.config.fields import TrainFields
 
 DEFAULT_GAMMA = 1.0
@@ -54,7 +54,7 @@ class TrainConfig(TrainFields):
         checks.check_observability_settings(self)
         checks.check_engine_settings(self)
         checks.check_lora_settings(self)
-        checks.check_media_settings(self)
+        media_checks.check_media_settings(self)
 
     def validate_world(self, world_size: int) -> None:
         """The rules that depend on the number of ranks; raises ``ConfigError`` naming each."""
