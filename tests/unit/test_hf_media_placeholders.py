@@ -35,7 +35,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             states = model(input_ids=ids, output_hidden_states=True, **extra).hidden_states[-1]
             hidden.append(states[0])
         direction = torch.cat(hidden).mean(0)
-        head = model.get_output_embeddings().weight
+        head = model.lm_head.weight
         head[AUDIO_TOKEN_ID] = 40 * direction / direction.norm() ** 2
     model.save_pretrained(folder)
     return folder
