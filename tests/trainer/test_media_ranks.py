@@ -134,6 +134,27 @@ class TestMediaTrainerRanks(DistributedSuite):
         root = pool.shared_dir / tmp_path.name
         _check(pool.run(_one_step, root, ["--freeze_vision_tower"]), frozen=True)
 
+    def test_lora_adapters_on_the_language_model_only(self, pool: RankPool, tmp_path: Path) -> None:
+        """LoRA on a VLM: adapters on the language model's q/v projections train them (the
+        engine gets the merged weights), the tower and projector stay as loaded, and the KL
+        reference is the actor with its adapters off."""
+        root = pool.shared_dir / tmp_path.name
+        lora = ["--lora_rank=4", "--lora_alpha=8", "--target_modules", "q_proj", "v_proj"]
+        results = pool.run(_one_step, root, lora)
+        first = results[0]
+        moved, names = first["moved"], first["names"]
+        assert isinstance(moved, list)
+        assert isinstance(names, list)
+        projections = {n for n in names if ".language_model." in n and "_proj.weight" in n}
+        adapted = {n for n in projections if ".q_proj." in n or ".v_proj." in n}
+        assert adapted
+        assert set(moved) == adapted, sorted(set(moved) ^ adapted)
+        metrics = first["metrics"]
+        assert isinstance(metrics, dict)
+        assert metrics["kl"] >= 0.0
+        assert all(result["engine_matches"] for result in results)
+        assert all(result["verified"] is True for result in results)
+
     @pytest.mark.skipif(not DEEPSPEED, reason="deepspeed is not installed")
     def test_zero3_trains_on_images(self, pool: RankPool, tmp_path: Path) -> None:
         root = pool.shared_dir / tmp_path.name

@@ -32,6 +32,8 @@ def test_audio_settings_need_what_they_act_on(
     monkeypatch.setattr("lrft.trainer.config.checks.vllm_available", lambda: True)
     with pytest.raises(ConfigError, match="engine_type 'vllm': only the hf engine generates"):
         config_from_args([*MODEL, "--audios_key=a", "--apply_chat_template", "--engine_type=vllm"])
+    with pytest.raises(ConfigError, match="freeze_audio_tower with lora_rank 8: LoRA keeps"):
+        config_from_args([*MODEL, "--freeze_audio_tower", "--lora_rank=8"])
     with pytest.raises(ConfigError, match="audios_key 'audios' needs apply_chat_template"):
         config_from_args([*MODEL, "--audios_key=audios"])
     with pytest.raises(ConfigError, match="limit_mm_audio_per_prompt 2 needs audios_key"):

@@ -142,10 +142,10 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
 def check_lora_model(config: Any, settings: LoraSettings) -> None:
     """The checks of :func:`apply_lora` on a model built from the transformers ``config`` on the
     meta device (no weights, no memory): run before any process group starts."""
-    from transformers import AutoModelForCausalLM
+    from lrft.backends.media import generative_model_class
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)  # type: ignore[no-untyped-call]  # transformers leaves from_config unannotated
+        model = generative_model_class(config).from_config(config)
     apply_lora(model, settings)
 
 

@@ -46,6 +46,17 @@ def check_media_settings(config: TrainFields) -> None:
                 f"token-classification form has no {tower}); choose an estimator without "
                 f"values ({', '.join(valueless)})"
             )
+    for option, frozen, tower in (
+        ("freeze_vision_tower", config.freeze_vision_tower, "tower"),
+        ("freeze_audio_tower", config.freeze_audio_tower, "audio encoder"),
+    ):
+        if frozen and config.lora_rank > 0:
+            raise ConfigError(
+                f"{option} with lora_rank {config.lora_rank}: LoRA keeps every base weight as "
+                f"loaded already, and adapters on the {tower}'s layers would still train it; "
+                f"leave the {tower} without adapters by naming the language model's projections "
+                "in target_modules (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"
+            )
     if config.demo != "addition" and config.preset is not None:
         raise ConfigError(
             f"demo {config.demo!r} runs only when no preset (and no pretrain) is given: it brings "
