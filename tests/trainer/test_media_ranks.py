@@ -134,6 +134,30 @@ class TestMediaTrainerRanks(DistributedSuite):
         root = pool.shared_dir / tmp_path.name
         _check(pool.run(_one_step, root, ["--freeze_vision_tower"]), frozen=True)
 
+    @pytest.mark.parametrize(
+        "backend",
+        [
+            pytest.param([], id="fsdp2"),
+            pytest.param(
+                ZERO3,
+                id="zero3",
+                marks=pytest.mark.skipif(not DEEPSPEED, reason="deepspeed is not installed"),
+            ),
+        ],
+    )
+    def test_ppo_critic_sees_the_images(
+        self, pool: RankPool, tmp_path: Path, backend: list[str]
+    ) -> None:
+        """PPO (gae) on prompts with images: the critic (a Qwen2-VL backbone with a value head)
+        is built from the VLM's folder and trains on the same rows, images included."""
+        root = pool.shared_dir / tmp_path.name
+        results = pool.run(_one_step, root, ["--advantage_estimator=gae", *backend])
+        metrics = results[0]["metrics"]
+        assert isinstance(metrics, dict)
+        assert metrics["critic/skipped_steps"] == 0.0
+        assert metrics["critic/grad_norm"] > 0.0
+        assert all(result["verified"] is True for result in results)
+
     def test_lora_adapters_on_the_language_model_only(self, pool: RankPool, tmp_path: Path) -> None:
         """LoRA on a VLM: adapters on the language model's q/v projections train them (the
         engine gets the merged weights), the tower and projector stay as loaded, and the KL

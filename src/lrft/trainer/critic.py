@@ -30,7 +30,7 @@ from lrft.api.protocols import FrozenModel, TrainableModel
 from lrft.trainer._update_loop import Metrics, step_groups
 from lrft.trainer.micro_batches import PackedMicroBatch, PackedPart, packed_passes
 from lrft.trainer.replay import ReplayBuffer
-from lrft.trainer.sequences import Sequences
+from lrft.trainer.sequences import Sequences, forward_inputs
 
 VALUE_HEAD = "score"
 """The value head's module name (transformers' token-classification heads use it)."""
@@ -63,7 +63,7 @@ def load_critic(
     model: PreTrainedModel
     info: dict[str, Any]
     try:
-        model, info = AutoModelForTokenClassification.from_pretrained(
+        model, info = _critic_class(config).from_pretrained(
             path, config=config, dtype=dtype, output_loading_info=True
         )
     except ValueError as error:
@@ -90,6 +90,18 @@ def load_critic(
     return model
 
 
+def _critic_class(config: Any) -> Any:
+    """The class of ``config``'s critic: transformers' token-classification model, or for a
+    Qwen2-VL :class:`~lrft.trainer.vision_critic.Qwen2VLForValues` (transformers has none)."""
+    if getattr(config, "vision_config", None) is None:
+        return AutoModelForTokenClassification
+    from lrft.trainer.vision_critic import VISION_CRITIC_TYPES, Qwen2VLForValues
+
+    if config.model_type not in VISION_CRITIC_TYPES:
+        raise ValueError(f"no critic form for the vision-language type {config.model_type!r}")
+    return Qwen2VLForValues
+
+
 def response_values(
     module: torch.nn.Module, sequences: Sequences, *, device: torch.device
 ) -> Tensor:
@@ -103,10 +115,16 @@ def response_values(
         # warns that an in-place op on it would skip its backward hook. Nothing here writes to
         # it in place (gather and masked_fill below make new tensors).
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view")
-        scores: Tensor = module(
-            input_ids=sequences.input_ids.to(device),
-            attention_mask=sequences.attention_mask.to(device),
-        ).logits[..., 0]
+        # rows with images: the actor's inputs (their media tensors and m-RoPE positions)
+        inputs = (
+            {
+                "input_ids": sequences.input_ids.to(device),
+                "attention_mask": sequences.attention_mask.to(device),
+            }
+            if not sequences.media
+            else forward_inputs(module, sequences, device)
+        )
+        scores: Tensor = module(**inputs).logits[..., 0]
     steps = sequences.action_mask.shape[1]
     positions = (sequences.prompt_lengths[:, None] - 1 + torch.arange(steps)[None, :]).clamp(
         max=scores.shape[1] - 1

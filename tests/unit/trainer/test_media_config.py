@@ -61,10 +61,6 @@ def test_media_settings_need_what_they_act_on(
         )
     with pytest.raises(ConfigError, match="freeze_vision_tower with lora_rank 8: LoRA keeps"):
         config_from_args([*MODEL, "--freeze_vision_tower", "--lora_rank=8"])
-    with pytest.raises(ConfigError, match="advantage_estimator 'gae': the critic does not see"):
-        config_from_args(
-            [*MODEL, "--images_key=images", "--apply_chat_template", "--advantage_estimator=gae"]
-        )
     text_model = make_model_folder(tmp_path / "text")
     data = tmp_path / "p.jsonl"
     data.write_text(json.dumps({"input": "x", "images": []}) + "\n")

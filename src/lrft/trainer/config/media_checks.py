@@ -1,7 +1,7 @@
 """The rules of :class:`lrft.trainer.config.TrainConfig` on its media settings (vision- and
 audio-language models): what images, audio and the vision demo need, and what does not take
-media yet. Run by
-``TrainConfig`` at construction, after the rules of :mod:`lrft.trainer.config.checks`."""
+media yet. Run by ``TrainConfig`` at construction, after the rules of
+:mod:`lrft.trainer.config.checks`."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from lrft.trainer.config.fields import TrainFields
 def check_media_settings(config: TrainFields) -> None:
     """The media settings need what they act on: images and audio need the chat template, a
     per-prompt limit needs its modality's column; only the hf engine takes media, and the critic
-    takes none."""
+    takes no audio."""
     media = (
         ("images_key", config.images_key, "images", "limit_mm_image_per_prompt",
-         config.limit_mm_image_per_prompt, "vision tower"),
+         config.limit_mm_image_per_prompt),
         ("audios_key", config.audios_key, "audio", "limit_mm_audio_per_prompt",
-         config.limit_mm_audio_per_prompt, "audio tower"),
+         config.limit_mm_audio_per_prompt),
     )  # fmt: skip
-    for option, key, what, limit_name, limit, tower in media:
+    for option, key, what, limit_name, limit in media:
         if key is not None and not config.apply_chat_template:
             raise ConfigError(
                 f"{option} {key!r} needs apply_chat_template: the model's chat template writes "
@@ -36,16 +36,6 @@ def check_media_settings(config: TrainFields) -> None:
                 f"{option} {key!r} with engine_type {config.engine_type!r}: only the hf engine "
                 f"generates from {what} (docs/multimodal.md says why vllm does not)"
             )
-        if key is not None and advantage_estimators.get(config.advantage_estimator).needs_values:
-            valueless = [
-                n for n in advantage_estimators.names() if n not in value_based_estimators()
-            ]
-            raise ConfigError(
-                f"{option} {key!r} with advantage_estimator "
-                f"{config.advantage_estimator!r}: the critic does not see {what} (its "
-                f"token-classification form has no {tower}); choose an estimator without "
-                f"values ({', '.join(valueless)})"
-            )
     for option, frozen, tower in (
         ("freeze_vision_tower", config.freeze_vision_tower, "tower"),
         ("freeze_audio_tower", config.freeze_audio_tower, "audio encoder"),
@@ -57,6 +47,17 @@ def check_media_settings(config: TrainFields) -> None:
                 f"leave the {tower} without adapters by naming the language model's projections "
                 "in target_modules (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"
             )
+    if (
+        config.audios_key is not None
+        and advantage_estimators.get(config.advantage_estimator).needs_values
+    ):
+        valueless = [n for n in advantage_estimators.names() if n not in value_based_estimators()]
+        raise ConfigError(
+            f"audios_key {config.audios_key!r} with advantage_estimator "
+            f"{config.advantage_estimator!r}: the critic does not see audio (lrft has a critic "
+            "form for Qwen2-VL's images, none for an audio tower); choose an estimator without "
+            f"values ({', '.join(valueless)})"
+        )
     if config.demo != "addition" and config.preset is not None:
         raise ConfigError(
             f"demo {config.demo!r} runs only when no preset (and no pretrain) is given: it brings "
