@@ -304,6 +304,7 @@ def test_torchrun_trains_a_tiny_audio_model_on_two_ranks(tmp_path: Path) -> None
         "--generate_max_len=4",
         "--max_steps=1",
         "--init_kl_coef=0.05",
+        "--save_trajectories",
         f"--save_path={save}",
     ]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
@@ -325,3 +326,11 @@ def test_torchrun_trains_a_tiny_audio_model_on_two_ranks(tmp_path: Path) -> None
     moved = {n for n, p in original.named_parameters() if not torch.equal(p, trained[n])}
     assert any(n.startswith("model.language_model.") for n in moved), "nothing trained"
     assert not any(n.startswith("model.audio_tower.") for n in moved), "the encoder moved"
+    records = [
+        json.loads(line)
+        for step in (save / "trajectories").glob("step_*.jsonl")
+        for line in step.read_text().splitlines()
+    ]
+    named = {tuple(record.get("audio", ())) for record in records}
+    # every prompt's clips as the data names them, the text prompt with none
+    assert named == {("clips/a.wav",), ("clips/b.flac",), ("clips/a.wav", "clips/c.wav"), ()}
