@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from lrft.api.errors import ConfigError
-from lrft.data.audio import AudioSource, audio_sources
+from lrft.data.audio import AudioSource
 from lrft.data.errors import PromptDataError
 from lrft.data.formatting import PromptFormat, check_tokenizer, format_prompt
-from lrft.data.images import DEFAULT_MAX_IMAGE_PIXELS, ImageSource, image_sources
+from lrft.data.images import DEFAULT_MAX_IMAGE_PIXELS, ImageSource
 from lrft.data.media import MediaLoader, media_messages
+from lrft.data.media_rows import check_media_processor, row_audio, row_images
 from lrft.data.processor import MediaProcessor
 from lrft.data.sources import RowSource, SourceRow, read_rows
 from lrft.data.types import PromptSample, PromptStats
@@ -205,7 +206,7 @@ def load_prompt_dataset(
     prompt_format = config.prompt_format
     check_tokenizer(prompt_format, tokenizer)
     if config.has_media:
-        _check_processor(config, processor)
+        check_media_processor(config.images_key, config.audios_key, processor)
     source = read_rows(config.prompt_data, split=config.split)
     rows = source.rows[: config.max_samples]
     if not rows:
@@ -251,33 +252,6 @@ def _tokenize(
     return token_ids
 
 
-def _check_processor(config: PromptDataConfig, processor: MediaProcessor | None) -> None:
-    keys = [
-        (option, key, modality, part)
-        for option, key, modality, part in (
-            ("images_key", config.images_key, "images", "image processor"),
-            ("audios_key", config.audios_key, "audio", "feature extractor"),
-        )
-        if key is not None
-    ]
-    for option, key, modality, part in keys:
-        if processor is None:
-            raise ConfigError(
-                f"{option}={key!r} needs the model's processor (lrft.data.MediaProcessor"
-                ".from_pretrained(model folder)) to place and expand its media"
-            )
-        if modality not in processor.modalities:
-            raise ConfigError(
-                f"{option}={key!r}, but the model's processor "
-                f"({type(processor.processor).__name__}) has no {part}"
-            )
-        if modality == "audio" and processor.sampling_rate is None:
-            raise ConfigError(
-                f"{option}={key!r}, but the model's feature extractor declares no sampling_rate "
-                "to read the clips at"
-            )
-
-
 @attrs.frozen(kw_only=True)
 class _ParsedRow:
     row: SourceRow
@@ -288,38 +262,22 @@ class _ParsedRow:
     audio: tuple[AudioSource, ...] = ()
 
 
-def _base(source: RowSource) -> Path:
-    return Path(source.name) if Path(source.name).is_dir() else Path(source.name).parent
-
-
-def _row_images(
+def _row_media(
     row: SourceRow, config: PromptDataConfig, source: RowSource, where: str
-) -> tuple[ImageSource, ...]:
-    if config.images_key is None:
-        return ()
-    value = _value(row, config.images_key, "images_key", where)
-    images = image_sources(value, base=_base(source), where=where, key=config.images_key)
-    limit = config.limit_mm_image_per_prompt
-    if limit is not None and len(images) > limit:
-        raise PromptDataError(
-            f"{where}: {len(images)} images, more than limit_mm_image_per_prompt={limit}"
-        )
-    return images
-
-
-def _row_audio(
-    row: SourceRow, config: PromptDataConfig, source: RowSource, where: str
-) -> tuple[AudioSource, ...]:
-    if config.audios_key is None:
-        return ()
-    value = _value(row, config.audios_key, "audios_key", where)
-    clips = audio_sources(value, base=_base(source), where=where, key=config.audios_key)
-    limit = config.limit_mm_audio_per_prompt
-    if limit is not None and len(clips) > limit:
-        raise PromptDataError(
-            f"{where}: {len(clips)} audio clips, more than limit_mm_audio_per_prompt={limit}"
-        )
-    return clips
+) -> tuple[tuple[ImageSource, ...], tuple[AudioSource, ...]]:
+    # media paths are relative to the data file (to a datasets folder: that folder)
+    base = Path(source.name) if Path(source.name).is_dir() else Path(source.name).parent
+    images: tuple[ImageSource, ...] = ()
+    if config.images_key is not None:
+        value = _value(row, config.images_key, "images_key", where)
+        limit = config.limit_mm_image_per_prompt
+        images = row_images(value, config.images_key, limit, base=base, where=where)
+    audio: tuple[AudioSource, ...] = ()
+    if config.audios_key is not None:
+        value = _value(row, config.audios_key, "audios_key", where)
+        limit = config.limit_mm_audio_per_prompt
+        audio = row_audio(value, config.audios_key, limit, base=base, where=where)
+    return images, audio
 
 
 def _parse(
@@ -332,8 +290,7 @@ def _parse(
 ) -> _ParsedRow:
     where = f"{source.name} {row.where}"
     value = _value(row, config.input_key, "input_key", where)
-    images = _row_images(row, config, source, where)
-    audio = _row_audio(row, config, source, where)
+    images, audio = _row_media(row, config, source, where)
     if images or audio:
         assert processor is not None  # checked with images_key / audios_key
         messages = media_messages(value, len(images), prompt_format, where=where, audio=len(audio))
