@@ -6,7 +6,8 @@ engine's generation and the trainer's logprobs see the same inputs and the same 
 
 - :func:`media_modalities` says what a model takes (a vision tower: ``images``; an audio
   tower: ``audio``), :func:`load_generative_model` loads a folder as the model class that
-  generates from its media, :func:`freeze_vision_tower` stops training its vision tower;
+  generates from its media, :func:`freeze_vision_tower` / :func:`freeze_audio_tower` stop
+  training its vision tower or audio encoder;
 - :class:`MediaBatch` lays out the media of a batch of rows: the rows' media tensors
   concatenated along dimension 0 (each row's :class:`~lrft.api.ProcessedMedia` in row order; a
   row without media adds nothing) and their per-token tensors placed where each row's prompt
@@ -104,20 +105,41 @@ def load_generative_model(
 
 
 # Children of a vision tower that project its features into the language model's space: they
-# keep training when the tower is frozen.
+# keep training when the tower is frozen. Qwen2-Audio's projector (``multi_modal_projector``)
+# is no child of its audio tower, so freezing the whole tower leaves it training.
 _PROJECTORS = ("merger",)
-_TOWERS = ("visual", "vision_tower", "vision_model")
+_VISION_TOWERS = ("visual", "vision_tower", "vision_model")
+_AUDIO_TOWERS = ("audio_tower",)
 
 
-def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The model's vision tower (``model.visual`` of Qwen2-VL), or ``None`` without one."""
+def _tower(model: torch.nn.Module, names: Sequence[str]) -> torch.nn.Module | None:
     inner = getattr(model, "module", model)
     for owner in (inner, getattr(inner, "model", None)):
-        for name in _TOWERS:
+        for name in names:
             tower = getattr(owner, name, None)
             if isinstance(tower, torch.nn.Module):
                 return tower
     return None
+
+
+def vision_tower(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model's vision tower (``model.visual`` of Qwen2-VL), or ``None`` without one."""
+    return _tower(model, _VISION_TOWERS)
+
+
+def audio_tower(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The model's audio encoder (``model.audio_tower`` of Qwen2-Audio), or ``None``."""
+    return _tower(model, _AUDIO_TOWERS)
+
+
+def _freeze(tower: torch.nn.Module) -> list[str]:
+    frozen = []
+    for name, parameter in tower.named_parameters():
+        if name.split(".", 1)[0] in _PROJECTORS:
+            continue
+        parameter.requires_grad_(False)
+        frozen.append(name)
+    return frozen
 
 
 def freeze_vision_tower(model: torch.nn.Module) -> list[str]:
@@ -126,13 +148,39 @@ def freeze_vision_tower(model: torch.nn.Module) -> list[str]:
     tower = vision_tower(model)
     if tower is None:
         raise ValueError(f"{type(model).__name__} has no vision tower to freeze")
-    frozen = []
-    for name, parameter in tower.named_parameters():
-        if name.split(".", 1)[0] in _PROJECTORS:
-            continue
-        parameter.requires_grad_(False)
-        frozen.append(name)
-    return frozen
+    return _freeze(tower)
+
+
+def freeze_audio_tower(model: torch.nn.Module) -> list[str]:
+    """Stop training the audio encoder's weights (the projector after it still trains);
+    returns the frozen parameters' names, relative to the encoder. ``ValueError`` without one."""
+    tower = audio_tower(model)
+    if tower is None:
+        raise ValueError(f"{type(model).__name__} has no audio tower to freeze")
+    return _freeze(tower)
+
+
+def idle_audio_inputs(model: torch.nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
+    """Inputs that run a Qwen2-Audio-style encoder over one silent clip yielding no audio token
+    (empty for a model without an audio tower).
+
+    A sharded trainer (FSDP2, ZeRO-3) gathers each encoder layer's weights collectively when it
+    runs, so every rank's forward must run the encoder, also over a micro-batch without audio,
+    or the ranks' collectives stop matching (gloo: "Received data size doesn't match expected
+    size"). One frame of mel features is one valid encoder position (no fully masked attention
+    row, so no NaN) that the encoder's stride and pooling turn into 0 output tokens: nothing is
+    scattered into the text, the logits are the text model's, and the encoder and projector get
+    zero gradients on every rank alike."""
+    config = getattr(_config(model), "audio_config", None)
+    if config is None:
+        return {}
+    frames = 2 * int(config.max_source_positions)  # the encoder's second convolution halves them
+    mask = torch.zeros((1, frames), dtype=torch.long, device=device)
+    mask[0, 0] = 1
+    return {
+        "input_features": torch.zeros((1, int(config.num_mel_bins), frames), device=device),
+        "feature_attention_mask": mask,
+    }
 
 
 def media_patches(media: ProcessedMedia | None) -> int:

@@ -185,6 +185,29 @@ FLAGS: tuple[Flag, ...] = (
         "optimizer holds no state for the tower)",
     ),
     Flag(
+        name="audios_key",
+        group=FlagGroup.MEDIA,
+        kind=str,
+        help="column holding each prompt's audio clips: one or a list of sound-file paths (wav, "
+        "flac, ...; relative to the data file), bytes or {bytes, path} records; place them with "
+        "<audio> in the prompt (else they come first). Clips are mixed to mono and resampled to "
+        "the feature extractor's rate. Needs an audio-language --pretrain and "
+        "--apply_chat_template; every clip is read and checked before training starts",
+    ),
+    Flag(
+        name="limit_mm_audio_per_prompt",
+        group=FlagGroup.MEDIA,
+        kind=int,
+        help="a prompt with more audio clips fails the start-up data check (needs --audios_key)",
+    ),
+    Flag(
+        name="freeze_audio_tower",
+        group=FlagGroup.MEDIA,
+        kind=bool,
+        help="keep the audio encoder's weights as loaded (its projector still trains; the "
+        "optimizer holds no state for the encoder)",
+    ),
+    Flag(
         name="reward_fn",
         group=FlagGroup.REWARDS,
         kind=str,

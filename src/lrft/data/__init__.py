@@ -12,11 +12,13 @@
 ``pyarrow`` and ``datasets`` are imported only when a Parquet file or a ``datasets`` folder is
 read; Pillow only when an image is.
 
-Prompts with images (``images_key``) are formatted by the model's own processor
-(:class:`MediaProcessor`, :func:`load_processor`): :mod:`lrft.data.images` reads them,
-:mod:`lrft.data.media` places them in the chat and gives selected samples their media.
+Prompts with images (``images_key``) or audio clips (``audios_key``) are formatted by the
+model's own processor (:class:`MediaProcessor`, :func:`load_processor`): :mod:`lrft.data.images`
+and :mod:`lrft.data.audio` read them (soundfile and soxr, the ``audio`` extra, only when a clip
+is read), :mod:`lrft.data.media` places them in the chat and gives selected samples their media.
 """
 
+from lrft.data.audio import AudioSource
 from lrft.data.dataset import PromptDataConfig, PromptDataset, load_prompt_dataset
 from lrft.data.errors import PromptDataError
 from lrft.data.formatting import InputTemplate, PromptFormat, format_prompt
@@ -33,6 +35,7 @@ from lrft.data.sources import RowSource, SourceRow, read_rows
 from lrft.data.types import PromptSample, PromptStats
 
 __all__ = [
+    "AudioSource",
     "DistributedPromptSampler",
     "ImageSource",
     "InputTemplate",

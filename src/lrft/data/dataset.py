@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from lrft.api.errors import ConfigError
+from lrft.data.audio import AudioSource
 from lrft.data.errors import PromptDataError
 from lrft.data.formatting import PromptFormat, check_tokenizer, format_prompt
-from lrft.data.images import DEFAULT_MAX_IMAGE_PIXELS, ImageSource, image_sources, read_image
+from lrft.data.images import DEFAULT_MAX_IMAGE_PIXELS, ImageSource
 from lrft.data.media import MediaLoader, media_messages
+from lrft.data.media_rows import check_media_processor, row_audio, row_images
 from lrft.data.processor import MediaProcessor
 from lrft.data.sources import RowSource, SourceRow, read_rows
 from lrft.data.types import PromptSample, PromptStats
@@ -71,7 +73,13 @@ class PromptDataConfig:
       :mod:`lrft.data.images`); needs the model's processor and ``apply_chat_template``, whose
       template writes the image placeholders (:mod:`lrft.data.media` places them);
     - ``limit_mm_image_per_prompt``: a row with more images is an error (``None``: no limit);
-    - ``max_image_pixels``: an image with more pixels is an error.
+    - ``max_image_pixels``: an image with more pixels is an error;
+    - ``audios_key``: the column holding each prompt's audio clips (one or a list: sound-file
+      paths relative to the data file, bytes or ``{"bytes", "path"}`` records; see
+      :mod:`lrft.data.audio`), placed like images (``<audio>`` markers or audio parts); a clip
+      longer than the feature extractor's window is an error, one at another sampling rate is
+      resampled to the extractor's;
+    - ``limit_mm_audio_per_prompt``: a row with more clips is an error (``None``: no limit).
     """
 
     prompt_data: str = attrs.field(converter=os.fspath)
@@ -88,6 +96,8 @@ class PromptDataConfig:
     images_key: str | None = attrs.field(default=None, validator=_non_empty_key)
     limit_mm_image_per_prompt: int | None = attrs.field(default=None, validator=_optional_positive)
     max_image_pixels: int = attrs.field(default=DEFAULT_MAX_IMAGE_PIXELS, validator=_positive)
+    audios_key: str | None = attrs.field(default=None, validator=_non_empty_key)
+    limit_mm_audio_per_prompt: int | None = attrs.field(default=None, validator=_optional_positive)
 
     @property
     def prompt_format(self) -> PromptFormat:
@@ -100,11 +110,21 @@ class PromptDataConfig:
 
     def __attrs_post_init__(self) -> None:
         _ = self.prompt_format  # validate the formatting options when the config is made
-        if self.images_key is not None and not self.apply_chat_template:
+        for option, key in (("images_key", self.images_key), ("audios_key", self.audios_key)):
+            if key is not None and not self.apply_chat_template:
+                raise ConfigError(
+                    f"{option}={key!r} needs apply_chat_template=True: the model's chat "
+                    "template writes the media placeholders its processor expands"
+                )
+        if self.images_key is not None and self.images_key == self.audios_key:
             raise ConfigError(
-                f"images_key={self.images_key!r} needs apply_chat_template=True: the model's "
-                "chat template writes the image placeholders its processor expands"
+                f"images_key and audios_key are both {self.images_key!r}: one column cannot "
+                "hold both"
             )
+
+    @property
+    def has_media(self) -> bool:
+        return self.images_key is not None or self.audios_key is not None
 
 
 @attrs.frozen(kw_only=True)
@@ -150,14 +170,17 @@ class PromptDataset:
             )
             for image in sample.images:
                 digest.update(_image_key(image))
+            for clip in sample.audio:
+                digest.update(_image_key(clip))
         return digest.hexdigest()
 
 
-def _image_key(image: ImageSource) -> bytes:
+def _image_key(image: ImageSource | AudioSource) -> bytes:
     if image.data is not None:
         return hashlib.blake2b(image.data, digest_size=16).digest()
     if image.path is not None:
         return f"path:{image.path}".encode()
+    assert isinstance(image, ImageSource)
     assert image.image is not None
     return hashlib.blake2b(image.image.tobytes(), digest_size=16).digest()
 
@@ -174,16 +197,16 @@ def load_prompt_dataset(
     when no prompt is left. Prompts over ``max_prompt_length`` are dropped, listed in
     ``stats.dropped_too_long`` and reported with one warning.
 
-    With ``images_key``, ``processor`` (the model's, :class:`MediaProcessor`) formats and
-    tokenises the rows with images: every image is read and processed once here, so a missing,
-    unreadable or oversized image, or a row over ``limit_mm_image_per_prompt``, fails the load
-    with a :class:`PromptDataError` naming the row, the file and the image. The images are
-    decoded again when a sample is selected (:meth:`PromptDataset.select`).
+    With ``images_key`` or ``audios_key``, ``processor`` (the model's, :class:`MediaProcessor`)
+    formats and tokenises the rows with media: every image and clip is read and processed once
+    here, so a missing, unreadable, oversized or too long item, or a row over a per-prompt
+    limit, fails the load with a :class:`PromptDataError` naming the row, the file and the
+    item. The media are decoded again when a sample is selected (:meth:`PromptDataset.select`).
     """
     prompt_format = config.prompt_format
     check_tokenizer(prompt_format, tokenizer)
-    if config.images_key is not None:
-        _check_processor(config, processor)
+    if config.has_media:
+        check_media_processor(config.images_key, config.audios_key, processor)
     source = read_rows(config.prompt_data, split=config.split)
     rows = source.rows[: config.max_samples]
     if not rows:
@@ -194,7 +217,7 @@ def load_prompt_dataset(
     texts = [entry.text for entry in parsed]
     token_ids = _tokenize(texts, tokenizer, add_special_tokens=config.add_special_tokens)
     loader = None
-    if processor is not None and config.images_key is not None:
+    if processor is not None and config.has_media:
         loader = MediaLoader(
             source=source.name, processor=processor, max_image_pixels=config.max_image_pixels
         )
@@ -229,19 +252,6 @@ def _tokenize(
     return token_ids
 
 
-def _check_processor(config: PromptDataConfig, processor: MediaProcessor | None) -> None:
-    if processor is None:
-        raise ConfigError(
-            f"images_key={config.images_key!r} needs the model's processor "
-            "(lrft.data.MediaProcessor.from_pretrained(model folder)) to place and expand images"
-        )
-    if "images" not in processor.modalities:
-        raise ConfigError(
-            f"images_key={config.images_key!r}, but the model's processor "
-            f"({type(processor.processor).__name__}) has no image processor"
-        )
-
-
 @attrs.frozen(kw_only=True)
 class _ParsedRow:
     row: SourceRow
@@ -249,22 +259,25 @@ class _ParsedRow:
     label: object
     reference: object
     images: tuple[ImageSource, ...] = ()
+    audio: tuple[AudioSource, ...] = ()
 
 
-def _row_images(
+def _row_media(
     row: SourceRow, config: PromptDataConfig, source: RowSource, where: str
-) -> tuple[ImageSource, ...]:
-    if config.images_key is None:
-        return ()
-    value = _value(row, config.images_key, "images_key", where)
+) -> tuple[tuple[ImageSource, ...], tuple[AudioSource, ...]]:
+    # media paths are relative to the data file (to a datasets folder: that folder)
     base = Path(source.name) if Path(source.name).is_dir() else Path(source.name).parent
-    images = image_sources(value, base=base, where=where, key=config.images_key)
-    limit = config.limit_mm_image_per_prompt
-    if limit is not None and len(images) > limit:
-        raise PromptDataError(
-            f"{where}: {len(images)} images, more than limit_mm_image_per_prompt={limit}"
-        )
-    return images
+    images: tuple[ImageSource, ...] = ()
+    if config.images_key is not None:
+        value = _value(row, config.images_key, "images_key", where)
+        limit = config.limit_mm_image_per_prompt
+        images = row_images(value, config.images_key, limit, base=base, where=where)
+    audio: tuple[AudioSource, ...] = ()
+    if config.audios_key is not None:
+        value = _value(row, config.audios_key, "audios_key", where)
+        limit = config.limit_mm_audio_per_prompt
+        audio = row_audio(value, config.audios_key, limit, base=base, where=where)
+    return images, audio
 
 
 def _parse(
@@ -277,10 +290,10 @@ def _parse(
 ) -> _ParsedRow:
     where = f"{source.name} {row.where}"
     value = _value(row, config.input_key, "input_key", where)
-    images = _row_images(row, config, source, where)
-    if images:
-        assert processor is not None  # checked with images_key
-        messages = media_messages(value, len(images), prompt_format, where=where)
+    images, audio = _row_media(row, config, source, where)
+    if images or audio:
+        assert processor is not None  # checked with images_key / audios_key
+        messages = media_messages(value, len(images), prompt_format, where=where, audio=len(audio))
         text = processor.render(messages)
     else:
         text = format_prompt(value, prompt_format, tokenizer, where=where)
@@ -290,7 +303,9 @@ def _parse(
         if config.reference_key is None
         else _value(row, config.reference_key, "reference_key", where)
     )
-    return _ParsedRow(row=row, text=text, label=label, reference=reference, images=images)
+    return _ParsedRow(
+        row=row, text=text, label=label, reference=reference, images=images, audio=audio
+    )
 
 
 def _media_token_ids(
@@ -299,21 +314,18 @@ def _media_token_ids(
     loader: MediaLoader,
     source_name: str,
 ) -> list[tuple[int, ...]]:
-    """The validation pass: every image of every row read, and each row with images processed
-    for its expanded ids (the text-only rows keep theirs)."""
+    """The validation pass: every image and clip of every row read, and each row with media
+    processed for its expanded ids (the text-only rows keep theirs)."""
     ids = list(token_ids)
-    with_images = [i for i, entry in enumerate(parsed) if entry.images]
-    for position in with_images:
+    with_media = [i for i, entry in enumerate(parsed) if entry.images or entry.audio]
+    for position in with_media:
         entry = parsed[position]
         where = f"{source_name} {entry.row.where}"
-        images = [
-            read_image(image, max_pixels=loader.max_image_pixels, where=where)
-            for image in entry.images
-        ]
-        processed = loader.processor.process(entry.text, images=images)
+        images, clips = loader.read(entry.images, entry.audio, where=where)
+        processed = loader.processor.process(entry.text, images=images, audio=clips)
         ids[position] = processed.prompt_token_ids
-    if with_images:
-        logger.info("%s: read and processed the images of %d rows", source_name, len(with_images))
+    if with_media:
+        logger.info("%s: read and processed the media of %d rows", source_name, len(with_media))
     return ids
 
 
@@ -332,6 +344,7 @@ def _filter(
         config.label_key,
         config.reference_key,
         config.images_key,
+        config.audios_key,
     }
     for entry, ids in zip(parsed, token_ids, strict=True):
         index = entry.row.index
@@ -350,6 +363,7 @@ def _filter(
                 metadata={k: v for k, v in entry.row.values.items() if k not in passed_through},
                 source_index=index,
                 images=entry.images,
+                audio=entry.audio,
             )
         )
     stats = PromptStats(

@@ -34,6 +34,10 @@ _UNUSED_ATTRIBUTES = ("video_processor",)
 # The processor's outputs that describe the text (lrft lays out its own masks and ids).
 _TEXT_OUTPUTS = ("input_ids", "attention_mask")
 
+# Outputs with one row per media item, never per prompt token, whatever their width: a
+# Qwen2-Audio clip's feature mask is (1, frames), which a prompt of as many tokens would match.
+_ITEM_OUTPUTS = ("feature_attention_mask",)
+
 
 class Processor(Protocol):
     """The part of a transformers processor lrft calls."""
@@ -101,6 +105,7 @@ def _per_token(outputs: Mapping[str, Any], length: int) -> dict[str, torch.Tenso
         name: value[0]
         for name, value in outputs.items()
         if name not in _TEXT_OUTPUTS
+        and name not in _ITEM_OUTPUTS
         and isinstance(value, torch.Tensor)
         and tuple(value.shape) == (1, length)
     }
@@ -109,9 +114,8 @@ def _per_token(outputs: Mapping[str, Any], length: int) -> dict[str, torch.Tenso
 class MediaProcessor:
     """Runs a model's processor on one prompt at a time (see the module doc).
 
-    ``image_kwargs`` / ``audio_kwargs`` pass settings to the image processor or feature extractor
-    (``{"min_pixels": ..., "max_pixels": ...}`` for Qwen2-VL). ``sampling_rate``: the rate the
-    feature extractor expects, which audio clips must be at.
+    ``sampling_rate``: the rate the feature extractor expects, which audio clips must be at;
+    ``max_audio_seconds``: the longest clip it takes whole.
     """
 
     def __init__(self, processor: Processor) -> None:
@@ -146,6 +150,17 @@ class MediaProcessor:
         extractor = getattr(self.processor, "feature_extractor", None)
         rate = getattr(extractor, "sampling_rate", None)
         return None if rate is None else int(rate)
+
+    @property
+    def max_audio_seconds(self) -> float | None:
+        """The feature extractor's window (Whisper's ``n_samples`` / ``sampling_rate``: 30 s
+        for Qwen2-Audio): a longer clip would be cut to it, so the data refuses one."""
+        extractor = getattr(self.processor, "feature_extractor", None)
+        samples = getattr(extractor, "n_samples", None)
+        rate = self.sampling_rate
+        if not isinstance(samples, int) or rate is None:
+            return None
+        return samples / rate
 
     def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """The prompt text: the processor's chat template, with the generation prompt."""

@@ -48,14 +48,15 @@ class RowSource:
     rows: tuple[SourceRow, ...]
 
 
-def import_optional(module: str, package: str, purpose: str) -> ModuleType:
-    """Import ``module`` or raise an ``ImportError`` that says what to install."""
+def import_optional(module: str, package: str, purpose: str, *, extra: str = "data") -> ModuleType:
+    """Import ``module`` or raise an ``ImportError`` that says what to install (``extra``: the
+    lrft extra that holds ``package``)."""
     try:
         return importlib.import_module(module)
     except ImportError as error:
         raise ImportError(
             f"{purpose} needs the {package!r} package, which is not installed: "
-            f"pip install 'lrft[data]' (or pip install {package})"
+            f"pip install 'lrft[{extra}]' (or pip install {package})"
         ) from error
 
 

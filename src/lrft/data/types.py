@@ -14,6 +14,7 @@ import attrs
 from lrft.api.media import MediaInputs
 
 if TYPE_CHECKING:
+    from lrft.data.audio import AudioSource
     from lrft.data.images import ImageSource
 
 
@@ -27,6 +28,10 @@ def _read_only(values: Mapping[str, object]) -> Mapping[str, object]:
 
 
 def _sources(values: Any) -> tuple[ImageSource, ...]:
+    return tuple(values)
+
+
+def _audio_sources(values: Any) -> tuple[AudioSource, ...]:
     return tuple(values)
 
 
@@ -56,10 +61,11 @@ class PromptSample:
     the row's 0-based position in the source, before any prompt was dropped, so a reward error or
     a saved trajectory can be traced back to the file.
 
-    A prompt with images lists where they are in ``images``; its ``prompt_token_ids`` are then
-    the model processor's expanded ids (every image placeholder repeated once per image token)
-    and ``prompt_text`` the chat with its placeholders. ``media`` holds the decoded images and
-    the processor's tensors once the sample is selected from its dataset
+    A prompt with images lists where they are in ``images``, one with audio clips in ``audio``;
+    its ``prompt_token_ids`` are then the model processor's expanded ids (every image or audio
+    placeholder repeated once per feature the model's encoder gives for it) and ``prompt_text``
+    the chat with its placeholders. ``media`` holds the decoded images and clips and the
+    processor's tensors once the sample is selected from its dataset
     (:meth:`PromptDataset.select <lrft.data.PromptDataset.select>`), ``None`` before.
     """
 
@@ -74,6 +80,7 @@ class PromptSample:
     )
     source_index: int = attrs.field(default=0, validator=_non_negative_int)
     images: tuple[ImageSource, ...] = attrs.field(default=(), converter=_sources)
+    audio: tuple[AudioSource, ...] = attrs.field(default=(), converter=_audio_sources)
     media: MediaInputs | None = None
 
     @property

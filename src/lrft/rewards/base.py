@@ -17,7 +17,7 @@ import attrs
 import torch
 
 from lrft.api.errors import LrftError
-from lrft.api.media import Image
+from lrft.api.media import AudioClip, Image
 from lrft.rewards._checks import name_validator
 
 
@@ -36,6 +36,10 @@ def _image_tuple(images: Sequence[Image]) -> tuple[Image, ...]:
     return tuple(images)
 
 
+def _audio_tuple(clips: Sequence[AudioClip]) -> tuple[AudioClip, ...]:
+    return tuple(clips)
+
+
 def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType(dict(value))
 
@@ -49,7 +53,8 @@ class RewardSample:
     the data has one (the gold answer of a math problem). ``metadata`` carries anything else a
     reward needs (token counts, a task id; the trainer passes the prompt row's other columns);
     remote rewards send it as JSON. ``images`` are the prompt's images (PIL images or uint8
-    ``(C, H, W)`` tensors), for rewards that look at them (remote rewards do not send them).
+    ``(C, H, W)`` tensors), ``audio`` its audio clips (mono waveforms at the feature
+    extractor's rate), for rewards that look at them (remote rewards send neither).
     """
 
     prompt: str
@@ -61,6 +66,9 @@ class RewardSample:
     # Compared and hashed by identity: images are the prompt's own objects, not values.
     images: tuple[Image, ...] = attrs.field(
         default=(), converter=_image_tuple, eq=False, hash=False
+    )
+    audio: tuple[AudioClip, ...] = attrs.field(
+        default=(), converter=_audio_tuple, eq=False, hash=False
     )
 
 

@@ -79,12 +79,17 @@ def token_logprobs(
 
 
 def load_reference_vlm(model_dir: Path, device: torch.device | str = "cpu") -> PreTrainedModel:
-    """The plain transformers vision-language model in ``model_dir`` in fp32, in eval mode."""
-    from transformers import AutoModelForImageTextToText
+    """The plain transformers vision- or audio-language model in ``model_dir`` in fp32, in eval
+    mode: the class its config names (``architectures``: ``Qwen2VLForConditionalGeneration``,
+    ``Qwen2AudioForConditionalGeneration``), or transformers' image-text-to-text auto class."""
+    import transformers
 
-    model: PreTrainedModel = AutoModelForImageTextToText.from_pretrained(
-        model_dir, dtype=torch.float32
-    )
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    names = getattr(config, "architectures", None) or []
+    loader = getattr(transformers, names[0], None) if names else None
+    if loader is None:
+        loader = transformers.AutoModelForImageTextToText
+    model: PreTrainedModel = loader.from_pretrained(model_dir, dtype=torch.float32)
     torch.nn.Module.eval(model)
     torch.nn.Module.to(model, device)
     return model
@@ -109,11 +114,13 @@ def _media_forward(
 
 
 def media_placeholder_ids(model: torch.nn.Module) -> list[int]:
-    """The image and video placeholder ids of a Qwen2-VL-family config, which engines never
-    sample (a response holding one could not be read back with its prompt's media)."""
+    """The image and video placeholder ids of a Qwen2-VL-family config and the audio one of a
+    Qwen2-Audio config, which engines never sample (a response holding one could not be read
+    back with its prompt's media)."""
     config = getattr(model, "config", None)
-    ids = (getattr(config, "image_token_id", None), getattr(config, "video_token_id", None))
-    return [int(i) for i in ids if i is not None]
+    names = ("image_token_id", "video_token_id", "audio_token_index")
+    ids = {getattr(config, name, None) for name in names}
+    return sorted(int(i) for i in ids if i is not None)
 
 
 @torch.no_grad()

@@ -128,8 +128,9 @@ def vlm_tokenizer() -> PreTrainedTokenizerFast:
         tokenizer_object=backend, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN
     )
     tokenizer.chat_template = CHAT_TEMPLATE
-    assert len(tokenizer) == VOCAB_SIZE
-    assert tokenizer.convert_tokens_to_ids("<|image_pad|>") == IMAGE_TOKEN_ID
+    assert len(tokenizer) == VOCAB_SIZE, f"{len(tokenizer)} tokens, expected {VOCAB_SIZE}"
+    image_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert image_id == IMAGE_TOKEN_ID, f"<|image_pad|> is {image_id}, expected {IMAGE_TOKEN_ID}"
     return tokenizer
 
 

@@ -25,7 +25,7 @@ from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, TrainBackend, WeightSync
 from lrft.api.types import ModelPart, SamplingParams
 from lrft.backends import registry
-from lrft.backends.media import freeze_vision_tower, load_generative_model
+from lrft.backends.media import freeze_audio_tower, freeze_vision_tower, load_generative_model
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync.direct import DEFAULT_BUCKET_BYTES, DirectSync
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
@@ -188,6 +188,8 @@ def _policy_model(config: TrainConfig) -> torch.nn.Module:
     model = causal_lm(config)
     if config.freeze_vision_tower:
         freeze_vision_tower(model)
+    if config.freeze_audio_tower:
+        freeze_audio_tower(model)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()  # type: ignore[operator]  # a transformers model, typed as a plain Module
     return model
@@ -308,7 +310,9 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
     # A vision-language model's prompts are formatted by its own processor (which holds its
     # tokenizer): the images' placeholders and their expansion are the model's.
     processor = (
-        None if config.images_key is None else MediaProcessor.from_pretrained(config.pretrain)
+        None
+        if config.images_key is None and config.audios_key is None
+        else MediaProcessor.from_pretrained(config.pretrain)
     )
     tokenizer = (
         AutoTokenizer.from_pretrained(config.pretrain) if processor is None else processor.tokenizer

@@ -277,6 +277,7 @@ class ExperienceMaker:
                     reference=None if prompt.reference is None else str(prompt.reference),
                     metadata=prompt.metadata,
                     images=() if prompt.media is None else prompt.media.images,
+                    audio=() if prompt.media is None else prompt.media.audio,
                 )
             )
         try:

@@ -40,6 +40,8 @@ def load_prompts(
             images_key=config.images_key,
             limit_mm_image_per_prompt=config.limit_mm_image_per_prompt,
             max_image_pixels=config.max_image_pixels,
+            audios_key=config.audios_key,
+            limit_mm_audio_per_prompt=config.limit_mm_audio_per_prompt,
         )
         for path in paths
     ]

@@ -20,7 +20,13 @@ from torch import Tensor
 
 from lrft.api.media import ProcessedMedia
 from lrft.api.types import GenerationResult
-from lrft.backends.media import MediaBatch, media_patches, rope_positions
+from lrft.backends.media import (
+    MediaBatch,
+    idle_audio_inputs,
+    media_modalities,
+    media_patches,
+    rope_positions,
+)
 from lrft.data import PromptSample
 
 
@@ -111,7 +117,9 @@ def forward_inputs(
     module: torch.nn.Module, sequences: Sequences, device: torch.device
 ) -> dict[str, Any]:
     """The keyword arguments of the model's forward over ``sequences``: ids, mask, the rows'
-    media and, for an m-RoPE model with media, the 3-D positions the engine decoded with."""
+    media and, for an m-RoPE model with media, the 3-D positions the engine decoded with; for an
+    audio model over rows without clips, one idle clip that yields no audio token (a sharded
+    model's ranks must all run its encoder: :func:`lrft.backends.media.idle_audio_inputs`)."""
     input_ids = sequences.input_ids.to(device)
     attention_mask = sequences.attention_mask.to(device)
     inputs: dict[str, Any] = {
@@ -119,16 +127,18 @@ def forward_inputs(
         "attention_mask": attention_mask,
         "use_cache": False,
     }
-    if not sequences.media:
-        return inputs
-    width = input_ids.shape[1]
-    batch = MediaBatch.build(
-        sequences.media, offsets=[0] * len(sequences), width=width, device=device
-    )
-    inputs.update(batch.kwargs)
-    rope = rope_positions(module, input_ids, attention_mask, batch)
-    if rope is not None:
-        inputs["position_ids"] = rope[0]
+    if sequences.media:
+        width = input_ids.shape[1]
+        batch = MediaBatch.build(
+            sequences.media, offsets=[0] * len(sequences), width=width, device=device
+        )
+        inputs.update(batch.kwargs)
+        rope = rope_positions(module, input_ids, attention_mask, batch)
+        if rope is not None:
+            inputs["position_ids"] = rope[0]
+    if "input_features" not in inputs and "audio" in media_modalities(module):
+        # every rank runs the audio encoder, with or without clips (see idle_audio_inputs)
+        inputs.update(idle_audio_inputs(module, device))
     return inputs
 
 

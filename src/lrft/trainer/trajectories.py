@@ -18,7 +18,8 @@ per-sample values; ``null`` where not measured), ``advantage`` (the mean over th
 tokens, which is the sequence's advantage for outcome estimators such as ``group_norm``),
 ``logprob`` (the response's summed log-probability under the behaviour policy), with a
 reference model ``kl`` (the mean per-token KL estimate against it) and, for a prompt with
-images, ``images`` (where each came from, as the data names it). An iteration whose prompts hold
+images, ``images`` (where each came from, as the data names it), for one with audio clips
+``audio`` (the same for its clips). An iteration whose prompts hold
 images also gets a static HTML page showing each group's images, prompt and responses with their
 rewards (:mod:`lrft.trainer.trajectory_pages`).
 """
@@ -118,6 +119,8 @@ def sample_records(
             record["kl"] = _finite(float(kl[i]))
         if prompt.images:
             record["images"] = [image.label for image in prompt.images]
+        if prompt.audio:
+            record["audio"] = [clip.label for clip in prompt.audio]
         records.append(record)
     return records
 

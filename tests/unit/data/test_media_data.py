@@ -257,7 +257,7 @@ def test_a_changed_image_is_caught_when_selected(tmp_path: Path, processor: Medi
     _png(image, (56, 56))
     with pytest.raises(
         PromptDataError,
-        match=r"t.jsonl row 0: its images now expand to 12 prompt tokens, 9 when .* \(did an image",
+        match=r"t.jsonl row 0: its media now expand to 12 prompt tokens, 9 when .* \(did a media",
     ):
         dataset.select([0])
     assert before == dataset.fingerprint

@@ -317,6 +317,12 @@ def _non_default(name: str) -> list[str]:
             "--apply_chat_template",
             "--limit_mm_image_per_prompt=3",
         ],
+        "audios_key": ["--audios_key=x", "--apply_chat_template"],
+        "limit_mm_audio_per_prompt": [
+            "--audios_key=x",
+            "--apply_chat_template",
+            "--limit_mm_audio_per_prompt=3",
+        ],
         # the judges' settings need judges; recipes replace the weights (tested elsewhere)
         "grm_pretrain": ["--grm_pretrain=judge"],
         **{

@@ -64,7 +64,7 @@ def static_decode_unsupported(model: torch.nn.Module) -> str | None:
     config = getattr(model, "config", None)
     if config is None or not callable(getattr(model, "get_output_embeddings", None)):
         return f"{type(model).__name__} is not a transformers causal LM"
-    if not getattr(model, "_can_compile_fullgraph", False):
+    if not getattr(model, "_can_compile_fullgraph", False) and not _text_model_supports(model):
         return f"{type(model).__name__} does not support a static KV cache in transformers"
     layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
     if layer_types != {"full_attention"}:
@@ -73,6 +73,20 @@ def static_decode_unsupported(model: torch.nn.Module) -> str | None:
     if implementation not in ("sdpa", "eager", GQA_SDPA):
         return f"attention implementation {implementation!r} takes no 4D additive mask"
     return None
+
+
+def _text_model_supports(model: torch.nn.Module) -> bool:
+    """Whether the language model inside a media model supports a static KV cache.
+
+    transformers 5.24 leaves Qwen2-Audio unflagged because merging its audio features is
+    data-dependent (``masked_scatter`` over a counted number of placeholders); the static loop
+    runs that merge in its eager prefill only, and its decode steps (one text token per row, no
+    media inputs) reach the language model alone, which is a flagged Qwen2."""
+    inner = getattr(model, "model", None)
+    text = getattr(inner, "language_model", None)
+    return isinstance(text, torch.nn.Module) and bool(
+        getattr(text, "_can_compile_fullgraph", False)
+    )
 
 
 class StaticDecoder:

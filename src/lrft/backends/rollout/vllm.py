@@ -392,6 +392,7 @@ def _refuse_media_models(model_dir: Path) -> None:
             raise CapabilityNotSupported(
                 "vllm",
                 modality,
-                f"{model_dir} is a {settings.get('model_type', 'multimodal')!r} model with a "
-                f"{key.split('_')[0]} tower; the vllm engine takes text prompts only",
+                f"{model_dir} is a {settings.get('model_type', 'multimodal')!r} model with "
+                f"{'an audio' if modality == 'audio' else 'a vision'} tower; the vllm engine "
+                "takes text prompts only",
             )

@@ -85,9 +85,19 @@ class FSDP2Config:
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules whose class name is in ``model._no_split_modules`` (transformers' layers)."""
+    """The outermost modules whose class name is in ``model._no_split_modules`` (transformers'
+    layers). One named inside another is left to the outer one's unit: Qwen2-Audio lists both
+    its encoder layer and the attention inside it, and sharding a module whose parameters an
+    outer unit already sharded fails in ``fully_shard``."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    return [module for module in model.modules() if type(module).__name__ in names]
+    found: list[tuple[str, torch.nn.Module]] = []
+    for path, module in model.named_modules():
+        if type(module).__name__ not in names:
+            continue
+        if any(path.startswith(f"{outer}.") for outer, _ in found):
+            continue
+        found.append((path, module))
+    return [module for _, module in found]
 
 
 class FSDP2Backend(PlacedBackend[FSDP2Config]):

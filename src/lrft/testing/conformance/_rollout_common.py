@@ -29,6 +29,7 @@ from lrft.api import (
     SamplingParams,
 )
 from lrft.api.digest import tensor_digests
+from lrft.testing.audio_models import save_tiny_audio_lm
 from lrft.testing.conformance._rollout_hooks import RolloutEngineHooks
 from lrft.testing.distributed import current_rank_context
 from lrft.testing.models import save_tiny_causal_lm
@@ -61,13 +62,18 @@ class EngineModels:
     tied_base_dir: Path
     tied_other_dir: Path
     vlm_dir: Path
+    audio_dir: Path
 
 
 def make_engine_models(root: Path, heads: tuple[int, int] = (4, 2)) -> EngineModels:
     """``heads``: (attention heads, key/value heads) of the tiny test models. ``vlm_dir`` is a
-    tiny Qwen2-VL with its processor (``lrft.testing.vision_models``)."""
+    tiny Qwen2-VL with its processor (``lrft.testing.vision_models``), ``audio_dir`` a tiny
+    Qwen2-Audio with its processor (``lrft.testing.audio_models``)."""
     q, kv = heads
     vlm_dir = save_tiny_vlm(root / "vlm", seed=0, num_attention_heads=q, num_key_value_heads=kv)
+    audio_dir = save_tiny_audio_lm(
+        root / "audio", seed=0, num_attention_heads=q, num_key_value_heads=kv
+    )
     folders = {
         f"{prefix}{label}_dir": save_tiny_causal_lm(
             root / f"{prefix.replace('_', '-')}{label}",
@@ -79,7 +85,7 @@ def make_engine_models(root: Path, heads: tuple[int, int] = (4, 2)) -> EngineMod
         for prefix in ("", "tied_")
         for label, seed in (("base", 0), ("other", 1))
     }
-    return EngineModels(**folders, vlm_dir=vlm_dir)
+    return EngineModels(**folders, vlm_dir=vlm_dir, audio_dir=audio_dir)
 
 
 # --- where a check runs -------------------------------------------------------------------------

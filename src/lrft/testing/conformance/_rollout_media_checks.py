@@ -1,17 +1,19 @@
-"""Rank-side checks of ``RolloutEngineSuite`` for engines that declare ``images``.
+"""Rank-side checks of ``RolloutEngineSuite`` for engines that declare ``images`` or ``audio``.
 
-The engine serves the suite's tiny Qwen2-VL (``EngineModels.vlm_dir``); requests carry media
-processed by the model's own processor. The reference is independent of any engine: the plain
-transformers model of the same folder, a full forward per token on one unpadded prompt with
-every media tensor, placing its tokens itself (3-D m-RoPE included). An engine that drops the
-images, places the tokens after an image by plain 1-D positions, or swaps images between
-requests gives other tokens, and the messages say which request and what was expected.
+One set of checks, run per modality (:class:`MediaKind`): the engine serves the suite's tiny
+Qwen2-VL (``EngineModels.vlm_dir``) for ``images`` and its tiny Qwen2-Audio
+(``EngineModels.audio_dir``) for ``audio``; requests carry media processed by the model's own
+processor. The reference is independent of any engine: the plain transformers model of the same
+folder, a full forward per token on one unpadded prompt with every media tensor, placing its
+tokens itself (Qwen2-VL's 3-D m-RoPE included). An engine that drops the media, places the
+tokens after an image by plain 1-D positions, or swaps media between requests gives other
+tokens, and the messages say which request and what was expected.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import attrs
@@ -19,6 +21,7 @@ import pytest
 import torch
 
 from lrft.api import (
+    AudioClip,
     CapabilityNotSupported,
     EnginePart,
     GenerationRequest,
@@ -28,7 +31,9 @@ from lrft.api import (
     RolloutEngine,
     SamplingParams,
 )
+from lrft.api.media import Image, Modality
 from lrft.data.processor import MediaProcessor
+from lrft.testing.audio_models import tone
 from lrft.testing.conformance._rollout_common import (
     BASE_VERSION,
     NEW_TOKENS,
@@ -49,8 +54,9 @@ from lrft.testing.reference import (
 from lrft.testing.vision_models import noise_image
 
 PLACE = "<|vision_start|><|image_pad|><|vision_end|>"
+AUDIO_PLACE = "<|audio_bos|><|AUDIO|><|audio_eos|>"
 
-#: (prompt text, image sizes) of the media requests: 1, 0, 2 and 1 images; the first and the
+#: (prompt text, image sizes) of the image requests: 1, 0, 2 and 1 images; the first and the
 #: last have images of one size, so swapping them between the two changes no shape
 MEDIA_PROMPTS: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = (
     (f"u:{PLACE}what;a:", ((56, 56),)),
@@ -59,6 +65,58 @@ MEDIA_PROMPTS: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = (
     (f"u:{PLACE}again;a:", ((56, 56),)),
 )
 
+#: (prompt text, clip lengths in seconds) of the audio requests: 1, 0, 2 and 1 clips; the
+#: first and the last of one length (7 audio tokens each)
+AUDIO_PROMPTS: tuple[tuple[str, tuple[float, ...]], ...] = (
+    (f"u:{AUDIO_PLACE}what;a:", (0.3,)),
+    ("u:no sound here;a:", ()),
+    (f"u:{AUDIO_PLACE}and{AUDIO_PLACE};a:", (0.1, 0.5)),
+    (f"u:{AUDIO_PLACE}again;a:", (0.3,)),
+)
+
+
+@attrs.frozen(kw_only=True)
+class MediaKind:
+    """One modality as the checks use it: its capability, the model folder that takes it, its
+    requests' texts with one item spec per placeholder, and how an item is made from a seed."""
+
+    modality: Modality
+    noun: str
+    folder: Callable[[EngineModels], Path]
+    prompts: tuple[tuple[str, tuple[object, ...]], ...]
+    make: Callable[[int, object], Image | AudioClip]
+    wrong: str  # the faults the greedy check names
+
+
+def _image(seed: int, spec: object) -> Image:
+    assert isinstance(spec, tuple), f"an image spec is (width, height), got {spec!r}"
+    width, height = spec
+    return noise_image(seed, width, height)
+
+
+def _clip(seed: int, spec: object) -> AudioClip:
+    assert isinstance(spec, float), f"a clip spec is its length in seconds, got {spec!r}"
+    return tone(seed, spec)
+
+
+IMAGES = MediaKind(
+    modality="images",
+    noun="image",
+    folder=lambda models: models.vlm_dir,
+    prompts=MEDIA_PROMPTS,
+    make=_image,
+    wrong="drops the images, places tokens by 1-D positions, mixes up the requests' images",
+)
+AUDIO = MediaKind(
+    modality="audio",
+    noun="audio clip",
+    folder=lambda models: models.audio_dir,
+    prompts=AUDIO_PROMPTS,
+    make=_clip,
+    wrong="drops the audio features or their mask, mixes up the requests' clips",
+)
+_KINDS = {kind.modality: kind for kind in (IMAGES, AUDIO)}
+
 
 @attrs.frozen(kw_only=True, eq=False)
 class MediaPrompt:
@@ -66,10 +124,15 @@ class MediaPrompt:
 
     request: GenerationRequest
     processed: ProcessedMedia | None  # None for the text-only prompt
+    modality: Modality = "images"
 
     @property
     def images(self) -> int:
-        return 0 if self.request.media is None else self.request.media.count("images")
+        return self.items
+
+    @property
+    def items(self) -> int:
+        return 0 if self.request.media is None else self.request.media.count(self.modality)
 
 
 @functools.cache
@@ -77,31 +140,41 @@ def _processor(model_dir: Path) -> MediaProcessor:
     return MediaProcessor.from_pretrained(model_dir)
 
 
-def media_prompts(model_dir: Path, rank: int, *, image_seed: int = 0) -> list[MediaPrompt]:
-    """``MEDIA_PROMPTS`` with noise images drawn from ``rank`` and ``image_seed``."""
+def media_prompts(
+    model_dir: Path, rank: int, *, image_seed: int = 0, kind: MediaKind = IMAGES
+) -> list[MediaPrompt]:
+    """``kind``'s prompts (``MEDIA_PROMPTS`` for images, ``AUDIO_PROMPTS`` for audio) with
+    noise images or tone clips drawn from ``rank`` and ``image_seed``."""
     processor = _processor(model_dir)
     prompts = []
-    for index, (text, sizes) in enumerate(MEDIA_PROMPTS):
-        images = [
-            noise_image(1000 * rank + 100 * image_seed + 10 * index + k, width, height)
-            for k, (width, height) in enumerate(sizes)
+    for index, (text, specs) in enumerate(kind.prompts):
+        items = [
+            kind.make(1000 * rank + 100 * image_seed + 10 * index + k, spec)
+            for k, spec in enumerate(specs)
         ]
         request_id = f"m{index}"
-        if not images:
+        if not items:
             ids = processor.tokenizer.encode(text)
             prompts.append(
                 MediaPrompt(
                     request=GenerationRequest(prompt_token_ids=ids, request_id=request_id),
                     processed=None,
+                    modality=kind.modality,
                 )
             )
             continue
-        processed = processor.process(text, images=images)
-        media = MediaInputs(images=images, processed=processed)
+        if kind.modality == "audio":
+            clips = [item for item in items if isinstance(item, AudioClip)]
+            processed = processor.process(text, audio=clips)
+            media = MediaInputs(audio=clips, processed=processed)
+        else:
+            images = [item for item in items if not isinstance(item, AudioClip)]
+            processed = processor.process(text, images=images)
+            media = MediaInputs(images=images, processed=processed)
         request = GenerationRequest(
             prompt_token_ids=processed.prompt_token_ids, request_id=request_id, media=media
         )
-        prompts.append(MediaPrompt(request=request, processed=processed))
+        prompts.append(MediaPrompt(request=request, processed=processed, modality=kind.modality))
     return prompts
 
 
@@ -128,7 +201,8 @@ def _greedy(
 
 
 def _describe(prompt: MediaPrompt) -> str:
-    return f"request {prompt.request.request_id!r} ({prompt.images} image(s))"
+    noun = _KINDS[prompt.modality].noun
+    return f"request {prompt.request.request_id!r} ({prompt.items} {noun}(s))"
 
 
 def assert_media_matches_reference(
@@ -140,37 +214,38 @@ def assert_media_matches_reference(
 ) -> None:
     for prompt, result in zip(prompts, results, strict=True):
         want = reference_media_greedy(model_dir, device, prompt)
+        kind = _KINDS[prompt.modality]
         assert result.output_token_ids == want, (
             f"{what}: {_describe(prompt)}: the engine gave {result.output_token_ids}, the "
-            f"reference (a plain transformers forward per token with the request's image "
-            f"tensors, the model placing its own 3-D m-RoPE positions) gives {want}; an "
-            "engine that drops the images, places tokens by 1-D positions, mixes up the "
-            "requests' images or samples a media placeholder id differs here"
+            f"reference (a plain transformers forward per token with the request's "
+            f"{kind.modality} tensors, the model placing its own positions, Qwen2-VL's 3-D "
+            f"m-RoPE included) gives {want}; an engine that {kind.wrong} or samples a media "
+            "placeholder id differs here"
         )
 
 
-def _media_engine(suite: Suite, models: EngineModels, device: torch.device) -> RolloutEngine:
-    """The suite's engine on the tiny Qwen2-VL; a skip naming ``images`` when the engine lacks
-    the capability (or refuses to serve the model at all with ``CapabilityNotSupported``)."""
+def _media_engine(
+    kind: MediaKind, suite: Suite, models: EngineModels, device: torch.device
+) -> RolloutEngine:
+    """The suite's engine on ``kind``'s tiny model; a skip naming the modality when the engine
+    lacks the capability (or refuses to serve the model at all with ``CapabilityNotSupported``)."""
     try:
-        engine = ready_engine(suite, models, device, models.vlm_dir)
+        engine = ready_engine(suite, models, device, kind.folder(models))
     except CapabilityNotSupported as refused:
         pytest.skip(f"{suite.__name__} engine lacks capability {refused.capability}: {refused}")
-    require_capability(engine, "images")
+    require_capability(engine, kind.modality)
     return engine
 
 
-@rank_check
-def check_image_greedy_matches_reference(
-    suite: Suite, models: EngineModels, rank: int, device: torch.device
+def _greedy_matches_reference(
+    kind: MediaKind, suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
-    """Greedy tokens and logprobs of one batch mixing prompts with 0, 1 and 2 images equal the
-    reference's, request by request."""
-    engine = _media_engine(suite, models, device)
-    prompts = media_prompts(models.vlm_dir, rank)
+    engine = _media_engine(kind, suite, models, device)
+    folder = kind.folder(models)
+    prompts = media_prompts(folder, rank, kind=kind)
     results = _greedy(engine, prompts, logprobs=True)
-    assert_media_matches_reference(results, prompts, models.vlm_dir, device, "one mixed batch")
-    model = _reference(models.vlm_dir, device)
+    assert_media_matches_reference(results, prompts, folder, device, "one mixed batch")
+    model = _reference(folder, device)
     for prompt, result in zip(prompts, results, strict=True):
         if prompt.processed is None:
             continue
@@ -178,73 +253,67 @@ def check_image_greedy_matches_reference(
         assert_close_logprobs(result.logprobs, want, f"{_describe(prompt)} logprobs")
 
 
-@rank_check
-def check_images_change_the_output(
-    suite: Suite, models: EngineModels, rank: int, device: torch.device
+def _media_change_the_output(
+    kind: MediaKind, suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
-    """The same prompts with other images give the reference's other outputs: the images reach
-    the model (an engine that ignores them gives one answer for both)."""
-    engine = _media_engine(suite, models, device)
-    first = media_prompts(models.vlm_dir, rank, image_seed=0)
-    second = media_prompts(models.vlm_dir, rank, image_seed=1)
-    pictured = [index for index, prompt in enumerate(first) if prompt.images]
+    engine = _media_engine(kind, suite, models, device)
+    folder = kind.folder(models)
+    first = media_prompts(folder, rank, image_seed=0, kind=kind)
+    second = media_prompts(folder, rank, image_seed=1, kind=kind)
+    with_media = [index for index, prompt in enumerate(first) if prompt.items]
     wanted = [
         (
-            reference_media_greedy(models.vlm_dir, device, first[i]),
-            reference_media_greedy(models.vlm_dir, device, second[i]),
+            reference_media_greedy(folder, device, first[i]),
+            reference_media_greedy(folder, device, second[i]),
         )
-        for i in pictured
+        for i in with_media
     ]
     assert any(a != b for a, b in wanted), (
-        "the suite's own images do not change the reference's output: the check cannot tell "
-        "an engine that ignores them (a fault of the suite, not of the engine)"
+        f"the suite's own {kind.modality} do not change the reference's output: the check "
+        "cannot tell an engine that ignores them (a fault of the suite, not of the engine)"
     )
-    got_first = _greedy(engine, [first[i] for i in pictured])
-    got_second = _greedy(engine, [second[i] for i in pictured])
-    for index, (a, b), x, y in zip(pictured, wanted, got_first, got_second, strict=True):
+    got_first = _greedy(engine, [first[i] for i in with_media])
+    got_second = _greedy(engine, [second[i] for i in with_media])
+    for index, (a, b), x, y in zip(with_media, wanted, got_first, got_second, strict=True):
         if a == b:
             continue
         assert x.output_token_ids != y.output_token_ids, (
-            f"{_describe(first[index])}: two different images gave the same output "
+            f"{_describe(first[index])}: two different {kind.noun}s gave the same output "
             f"{x.output_token_ids}, where the reference gives {a} and {b}: the engine does not "
-            "condition on the images"
+            f"condition on the {kind.modality}"
         )
         assert (x.output_token_ids, y.output_token_ids) == (a, b), (
             f"{_describe(first[index])}: the engine gave {x.output_token_ids} and "
-            f"{y.output_token_ids} for the two images, the reference {a} and {b}"
+            f"{y.output_token_ids} for the two {kind.noun}s, the reference {a} and {b}"
         )
 
 
-@rank_check
-def check_image_batch_independence(
-    suite: Suite, models: EngineModels, rank: int, device: torch.device
+def _media_batch_independence(
+    kind: MediaKind, suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
-    """Each media request alone, and the batch in reverse order, give the same greedy tokens as
-    the reference: nothing of one request's images leaks into another's."""
-    engine = _media_engine(suite, models, device)
-    prompts = media_prompts(models.vlm_dir, rank)
+    engine = _media_engine(kind, suite, models, device)
+    folder = kind.folder(models)
+    prompts = media_prompts(folder, rank, kind=kind)
     for prompt in prompts:
         (alone,) = _greedy(engine, [prompt])
-        assert_media_matches_reference([alone], [prompt], models.vlm_dir, device, "alone")
+        assert_media_matches_reference([alone], [prompt], folder, device, "alone")
     reverse = prompts[::-1]
     assert_media_matches_reference(
-        _greedy(engine, reverse), reverse, models.vlm_dir, device, "in reverse order"
+        _greedy(engine, reverse), reverse, folder, device, "in reverse order"
     )
     doubled = [*prompts, *prompts]
     assert_media_matches_reference(
-        _greedy(engine, doubled), doubled, models.vlm_dir, device, "each twice in one batch"
+        _greedy(engine, doubled), doubled, folder, device, "each twice in one batch"
     )
 
 
-@rank_check
-def check_image_outputs_survive_the_lifecycle(
-    suite: Suite, models: EngineModels, rank: int, device: torch.device
+def _media_outputs_survive_the_lifecycle(
+    kind: MediaKind, suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
-    """Sleeping at each declared level, waking (and at level 2 loading the weights again) give
-    the same image-conditioned outputs."""
-    engine = _media_engine(suite, models, device)
-    prompts = media_prompts(models.vlm_dir, rank)
-    weights = list(model_weights(models.vlm_dir).items())
+    engine = _media_engine(kind, suite, models, device)
+    folder = kind.folder(models)
+    prompts = media_prompts(folder, rank, kind=kind)
+    weights = list(model_weights(folder).items())
     for level in sorted(engine.capabilities.sleep_levels):
         engine.sleep(level)
         engine.wake([EnginePart.WEIGHTS])
@@ -254,11 +323,85 @@ def check_image_outputs_survive_the_lifecycle(
         assert_media_matches_reference(
             _greedy(engine, prompts),
             prompts,
-            models.vlm_dir,
+            folder,
             device,
             f"after sleep({level}) and wake{' and a load' if level == 2 else ''}",
         )
     engine.load_weights(weights, version=BASE_VERSION + 10)
     assert_media_matches_reference(
-        _greedy(engine, prompts), prompts, models.vlm_dir, device, "after load_weights"
+        _greedy(engine, prompts), prompts, folder, device, "after load_weights"
     )
+
+
+# --- the checks, per modality ----------------------------------------------------------------
+
+
+@rank_check
+def check_image_greedy_matches_reference(
+    suite: Suite, models: EngineModels, rank: int, device: torch.device
+) -> None:
+    """Greedy tokens and logprobs of one batch mixing prompts with 0, 1 and 2 images equal the
+    reference's, request by request."""
+    _greedy_matches_reference(IMAGES, suite, models, rank, device)
+
+
+@rank_check
+def check_images_change_the_output(
+    suite: Suite, models: EngineModels, rank: int, device: torch.device
+) -> None:
+    """The same prompts with other images give the reference's other outputs: the images reach
+    the model (an engine that ignores them gives one answer for both)."""
+    _media_change_the_output(IMAGES, suite, models, rank, device)
+
+
+@rank_check
+def check_image_batch_independence(
+    suite: Suite, models: EngineModels, rank: int, device: torch.device
+) -> None:
+    """Each image request alone, and the batch in reverse order, give the same greedy tokens as
+    the reference: nothing of one request's images leaks into another's."""
+    _media_batch_independence(IMAGES, suite, models, rank, device)
+
+
+@rank_check
+def check_image_outputs_survive_the_lifecycle(
+    suite: Suite, models: EngineModels, rank: int, device: torch.device
+) -> None:
+    """Sleeping at each declared level, waking (and at level 2 loading the weights again) give
+    the same image-conditioned outputs."""
+    _media_outputs_survive_the_lifecycle(IMAGES, suite, models, rank, device)
+
+
+@rank_check
+def check_audio_greedy_matches_reference(
+    suite: Suite, models: EngineModels, rank: int, device: torch.device
+) -> None:
+    """Greedy tokens and logprobs of one batch mixing prompts with 0, 1 and 2 audio clips equal
+    the reference's, request by request."""
+    _greedy_matches_reference(AUDIO, suite, models, rank, device)
+
+
+@rank_check
+def check_audio_changes_the_output(
+    suite: Suite, models: EngineModels, rank: int, device: torch.device
+) -> None:
+    """The same prompts with other clips give the reference's other outputs: the audio reaches
+    the model."""
+    _media_change_the_output(AUDIO, suite, models, rank, device)
+
+
+@rank_check
+def check_audio_batch_independence(
+    suite: Suite, models: EngineModels, rank: int, device: torch.device
+) -> None:
+    """Each audio request alone, reversed and doubled in one batch, gives the reference's
+    greedy tokens: nothing of one request's clips leaks into another's."""
+    _media_batch_independence(AUDIO, suite, models, rank, device)
+
+
+@rank_check
+def check_audio_outputs_survive_the_lifecycle(
+    suite: Suite, models: EngineModels, rank: int, device: torch.device
+) -> None:
+    """Sleep, wake (and a load at level 2) keep the audio-conditioned outputs."""
+    _media_outputs_survive_the_lifecycle(AUDIO, suite, models, rank, device)

@@ -66,6 +66,10 @@ from lrft.testing.conformance._rollout_load_checks import (
     check_weight_update_stream,
 )
 from lrft.testing.conformance._rollout_media_checks import (
+    check_audio_batch_independence,
+    check_audio_changes_the_output,
+    check_audio_greedy_matches_reference,
+    check_audio_outputs_survive_the_lifecycle,
     check_image_batch_independence,
     check_image_greedy_matches_reference,
     check_image_outputs_survive_the_lifecycle,
@@ -97,6 +101,10 @@ __all__ = [
     "RolloutEngineSuite",
     "SuiteCheck",
     "check_asleep_refuses_work",
+    "check_audio_batch_independence",
+    "check_audio_changes_the_output",
+    "check_audio_greedy_matches_reference",
+    "check_audio_outputs_survive_the_lifecycle",
     "check_bad_batch_changes_nothing",
     "check_batch_independence",
     "check_digest_matches_backdoor",
@@ -240,6 +248,24 @@ class RolloutEngineSuite(RolloutEngineHooks[E]):
         self, pool: RankPool, engine_models: EngineModels
     ) -> None:
         self.run_check(pool, check_image_outputs_survive_the_lifecycle, engine_models)
+
+    # --- media (engines that declare audio) -------------------------------------------------
+
+    def test_audio_greedy_matches_reference(
+        self, pool: RankPool, engine_models: EngineModels
+    ) -> None:
+        self.run_check(pool, check_audio_greedy_matches_reference, engine_models)
+
+    def test_audio_changes_the_output(self, pool: RankPool, engine_models: EngineModels) -> None:
+        self.run_check(pool, check_audio_changes_the_output, engine_models)
+
+    def test_audio_batch_independence(self, pool: RankPool, engine_models: EngineModels) -> None:
+        self.run_check(pool, check_audio_batch_independence, engine_models)
+
+    def test_audio_outputs_survive_the_lifecycle(
+        self, pool: RankPool, engine_models: EngineModels
+    ) -> None:
+        self.run_check(pool, check_audio_outputs_survive_the_lifecycle, engine_models)
 
     # --- memory states ---------------------------------------------------------------------
 

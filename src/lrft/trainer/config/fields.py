@@ -74,6 +74,14 @@ class TrainFields:
     freeze_vision_tower: bool = False
     """Train without the vision tower's weights (its projector still trains): they stay as
     loaded, and the optimizer holds no state for them."""
+    audios_key: str | None = None
+    """The column holding each prompt's audio clips (sound-file paths relative to the data
+    file, bytes, ``{"bytes", "path"}`` records); needs an audio-language ``pretrain`` and
+    ``apply_chat_template`` (its template writes the audio placeholders)."""
+    limit_mm_audio_per_prompt: int | None = attrs.field(default=None, validator=f.optional_positive)
+    """A prompt with more audio clips fails the data check at start-up (needs ``audios_key``)."""
+    freeze_audio_tower: bool = False
+    """Train without the audio encoder's weights (its projector still trains)."""
     # rewards ---------------------------------------------------------------------------------
     reward_fn: str | None = None
     """``math`` (math-verify on ``reference_key``) or ``module:function``; demo: exact match."""

@@ -133,25 +133,37 @@ def validate_inputs(config: TrainFields) -> None:
     _check_exists("deepspeed_config", config.deepspeed_config, "a DeepSpeed JSON file")
     _check_exists("reward_recipes", config.reward_recipes, "a JSON or YAML file of recipes")
     check_auth_variables(config)
-    _check_vision_model(config)
+    _check_media_model(config)
 
 
-def _check_vision_model(config: TrainFields) -> None:
-    """The settings that act on a vision tower need a model with one."""
-    wanted = [
-        name
-        for name, on in (
-            ("images_key", config.images_key is not None),
-            ("freeze_vision_tower", config.freeze_vision_tower),
-        )
-        if on
-    ]
-    if not wanted or config.pretrain is None:
-        return
-    settings = json.loads((Path(config.pretrain) / MODEL_CONFIG).read_text(encoding="utf-8"))
-    if "vision_config" not in settings:
-        raise ConfigError(
-            f"{' and '.join(wanted)} need a vision-language model, but pretrain "
-            f"{config.pretrain!r} ({settings.get('model_type', 'unknown type')}) has no vision "
-            "tower (no vision_config in its config.json)"
-        )
+def _check_media_model(config: TrainFields) -> None:
+    """The settings that act on a vision or audio tower need a model with one."""
+    for kind, tower, settings_on in (
+        (
+            "vision",
+            "vision_config",
+            (
+                ("images_key", config.images_key is not None),
+                ("freeze_vision_tower", config.freeze_vision_tower),
+            ),
+        ),
+        (
+            "audio",
+            "audio_config",
+            (
+                ("audios_key", config.audios_key is not None),
+                ("freeze_audio_tower", config.freeze_audio_tower),
+            ),
+        ),
+    ):
+        wanted = [name for name, on in settings_on if on]
+        if not wanted or config.pretrain is None:
+            continue
+        settings = json.loads((Path(config.pretrain) / MODEL_CONFIG).read_text(encoding="utf-8"))
+        if tower not in settings:
+            raise ConfigError(
+                f"{' and '.join(wanted)} need {'an' if kind == 'audio' else 'a'} "
+                f"{kind}-language model, but pretrain "
+                f"{config.pretrain!r} ({settings.get('model_type', 'unknown type')}) has no "
+                f"{kind} tower (no {tower} in its config.json)"
+            )
