@@ -116,7 +116,7 @@ def run_episodes(
         while any_live(any(e.end is None for e in episodes)):
             live = [e for e in episodes if e.end is None]
             first = round_index == 0
-            requests = _requests(episodes, params.n) if first else _requests(live, 1)
+            requests = _requests(episodes if first else live, params.n if first else 1, budget)
             call = attrs.evolve(
                 params,
                 n=params.n if first else 1,
@@ -178,11 +178,18 @@ def _start(
     return episodes
 
 
-def _requests(episodes: Sequence[_Live], n: int) -> list[GenerationRequest]:
-    # In round 0 each task's group shares one request with n samples.
+def _requests(
+    episodes: Sequence[_Live], n: int, budget: EpisodeBudget
+) -> list[GenerationRequest]:
+    # In round 0 each task's group shares one request with n samples. Each request asks for at
+    # most what its episode has left; the call's common limit caps it further.
     chosen = [e for e in episodes if e.sample_index == 0] if n > 1 else list(episodes)
     return [
-        GenerationRequest(prompt_token_ids=e.context, request_id=f"{e.task_index}/{e.sample_index}")
+        GenerationRequest(
+            prompt_token_ids=e.context,
+            request_id=f"{e.task_index}/{e.sample_index}",
+            max_new_tokens=budget.max_total_tokens - len(e.context),
+        )
         for e in chosen
     ]
 
@@ -198,6 +205,8 @@ def _append_turn(
     room = budget.max_total_tokens - len(episode.prompt) - len(episode.tokens)
     finish: FinishReason = result.finish_reason
     if len(tokens) > room:
+        # An engine that ignored the request's max_new_tokens: keep the budget anyway (a
+        # prefix of the sample is what sampling with the shorter limit would have given).
         tokens, finish = tokens[:room], "length"
     episode.turns.append(
         TurnRecord(

@@ -178,6 +178,7 @@ def _tokenize(
 class _ParsedRow:
     row: SourceRow
     text: str
+    raw_input: object
     label: object
     reference: object
 
@@ -190,16 +191,15 @@ def _parse(
     source: RowSource,
 ) -> _ParsedRow:
     where = f"{source.name} {row.where}"
-    text = format_prompt(
-        _value(row, config.input_key, "input_key", where), prompt_format, tokenizer, where=where
-    )
+    raw_input = _value(row, config.input_key, "input_key", where)
+    text = format_prompt(raw_input, prompt_format, tokenizer, where=where)
     label = None if config.label_key is None else _value(row, config.label_key, "label_key", where)
     reference = (
         None
         if config.reference_key is None
         else _value(row, config.reference_key, "reference_key", where)
     )
-    return _ParsedRow(row=row, text=text, label=label, reference=reference)
+    return _ParsedRow(row=row, text=text, raw_input=raw_input, label=label, reference=reference)
 
 
 def _filter(
@@ -228,6 +228,7 @@ def _filter(
                 reference=entry.reference,
                 metadata={k: v for k, v in entry.row.values.items() if k not in passed_through},
                 source_index=index,
+                raw_input=entry.raw_input,
             )
         )
     stats = PromptStats(

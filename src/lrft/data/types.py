@@ -45,7 +45,9 @@ class PromptSample:
     values under ``label_key`` / ``reference_key`` as read from the file (``None`` when that key
     is not configured). ``metadata`` holds every other column of the row. ``source_index`` is
     the row's 0-based position in the source, before any prompt was dropped, so a reward error or
-    a saved trajectory can be traced back to the file.
+    a saved trajectory can be traced back to the file. ``raw_input`` is the row's value under
+    ``input_key`` as read, before any template (a string or a conversation): what a multi-turn
+    environment starts its episode from.
     """
 
     prompt_text: str
@@ -58,6 +60,7 @@ class PromptSample:
         factory=lambda: MappingProxyType({}), converter=_read_only
     )
     source_index: int = attrs.field(default=0, validator=_non_negative_int)
+    raw_input: object = None
 
     @property
     def prompt_length(self) -> int:

@@ -25,6 +25,10 @@ class Sequences:
     prompt_lengths: Tensor  # (B,)
     action_mask: Tensor  # (B, T) bool
     action_tokens: Tensor  # (B, T) the generated ids, 0 where masked
+    # (B,) long: where each response ends, when the action mask has holes in it (the
+    # observations of a multi-turn episode, :func:`lrft.trainer.episodes.pack_episodes`);
+    # None: a response is its action tokens, the mask's sum
+    response_lengths: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -33,14 +37,16 @@ class Sequences:
         """Rows ``rows``, trimmed to the longest sequence and response among them."""
         mask = self.attention_mask[rows]
         actions = self.action_mask[rows]
+        lengths = None if self.response_lengths is None else self.response_lengths[rows]
         width = int(mask.sum(-1).max())
-        steps = int(actions.sum(-1).max())
+        steps = int((actions.sum(-1) if lengths is None else lengths).max())
         return Sequences(
             input_ids=self.input_ids[rows, :width],
             attention_mask=mask[:, :width],
             prompt_lengths=self.prompt_lengths[rows],
             action_mask=actions[:, :steps],
             action_tokens=self.action_tokens[rows, :steps],
+            response_lengths=lengths,
         )
 
 

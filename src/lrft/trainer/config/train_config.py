@@ -19,9 +19,10 @@ from typing import Any, cast
 import attrs
 
 from lrft.algo import AdvantageParams, AggregationMode, PolicyLossConfig, advantage_estimators
+from lrft.api.episodes import EpisodeBudget
 from lrft.api.errors import ConfigError
 from lrft.backends.train.lora import LoraSettings
-from lrft.trainer.config import checks, inputs
+from lrft.trainer.config import checks, episodes, inputs
 from lrft.trainer.config.fields import TrainFields
 
 DEFAULT_GAMMA = 1.0
@@ -54,6 +55,7 @@ class TrainConfig(TrainFields):
         checks.check_observability_settings(self)
         checks.check_engine_settings(self)
         checks.check_lora_settings(self)
+        episodes.check_episode_settings(self)
 
     def validate_world(self, world_size: int) -> None:
         """The rules that depend on the number of ranks; raises ``ConfigError`` naming each."""
@@ -131,6 +133,11 @@ class TrainConfig(TrainFields):
         """``value_clip`` (its default when unset), ``None`` when set to 0 (clipping off)."""
         clip = DEFAULT_VALUE_CLIP if self.value_clip is None else self.value_clip
         return clip if clip > 0 else None
+
+    def episode_budget(self) -> EpisodeBudget | None:
+        """Each episode's budget (``max_turns``, ``max_episode_tokens``, ``generate_max_len`` a
+        turn); ``None`` without an environment."""
+        return episodes.episode_budget(self)
 
     def policy_loss_config(self) -> PolicyLossConfig:
         """The settings of ``policy_loss_type`` from the flags (``generate_max_len`` is the

@@ -7,6 +7,7 @@ do not reuse the bare comparisons of :mod:`lrft.api.validators`.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import urllib.parse
@@ -14,6 +15,8 @@ from typing import Any
 
 import attrs
 
+from lrft.agents.registry import environments as environment_registry
+from lrft.agents.registry import tools as tool_registry
 from lrft.algo import AGGREGATION_MODES, advantage_estimators, kl_estimators, policy_losses
 from lrft.api.errors import ConfigError
 from lrft.api.redaction import redact
@@ -262,3 +265,41 @@ def module_names(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     if not names:
         raise ConfigError(f"target_modules must name at least one module, got {value!r}")
     return names
+
+
+def environment(_: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    """A registered environment (:mod:`lrft.agents.registry`, entry points included)."""
+    if value is not None and value not in environment_registry.names():
+        raise ConfigError(
+            f"{attribute.name} {value!r} is unknown; choose one of {list(environment_registry.names())} "
+            "(or register one under the lrft.environments entry points)"
+        )
+
+
+def tool_names(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``tools``: registered tool names, given as a list, space-separated values or commas."""
+    items = [value] if isinstance(value, str) else list(value)
+    names = tuple(part.strip() for item in items for part in str(item).split(",") if part.strip())
+    known = tool_registry.names()
+    for name in names:
+        if name not in known:
+            raise ConfigError(
+                f"tools: {name!r} is unknown; choose among {list(known)} (or register one under "
+                "the lrft.tools entry points)"
+            )
+    if len(set(names)) != len(names):
+        raise ConfigError(f"tools names a tool twice: {list(names)}")
+    return names
+
+
+def json_object(_: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is None:
+        return
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{attribute.name} is not valid JSON ({error}): {value!r}") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError(
+            f'{attribute.name} must be a JSON object ({{"name": value, ...}}), got {value!r}'
+        )
