@@ -30,7 +30,6 @@ from lrft.rewards import RewardFn
 from lrft.trainer import checkpoint as ckpt
 from lrft.trainer import demo
 from lrft.trainer.config import TrainConfig
-from lrft.trainer.config.episodes import environment_options
 from lrft.trainer.critic import load_critic
 from lrft.trainer.episodes import EpisodeRollout, environment_setup
 from lrft.trainer.experience import Decode, ExperienceMaker
@@ -305,7 +304,7 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         episodes = EpisodeRollout.build(
             environment=config.environment,
             tools=config.tools,
-            options=environment_options(config),
+            options=config.environment_option_values(),
             tokenizer=tokenizer,
             budget=budget,
             generate=maker.generate_requests,
@@ -351,7 +350,7 @@ def _check_environment(config: TrainConfig) -> None:
         return
     assert config.pretrain is not None
     tokenizer = AutoTokenizer.from_pretrained(config.pretrain)
-    environment_setup(config.environment, config.tools, environment_options(config), tokenizer)
+    environment_setup(config.environment, config.tools, config.environment_option_values(), tokenizer)
 
 
 # --- LoRA -------------------------------------------------------------------------------------

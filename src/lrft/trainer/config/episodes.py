@@ -3,9 +3,7 @@ fields, and the budget's defaults."""
 
 from __future__ import annotations
 
-import json
 
-from lrft.api.episodes import EpisodeBudget
 from lrft.api.errors import ConfigError
 from lrft.trainer.config.fields import TrainFields
 
@@ -40,33 +38,9 @@ def check_episode_settings(config: TrainFields) -> None:
                 f"{name} does not apply to multi-turn episodes (environment "
                 f"{config.environment!r}): it {reason}"
             )
-    budget = episode_budget(config)
-    limit = config.prompt_max_len
-    if budget is not None and limit is not None and limit >= budget.max_total_tokens:
+    total = config.max_episode_tokens or DEFAULT_MAX_EPISODE_TOKENS
+    if config.prompt_max_len is not None and config.prompt_max_len >= total:
         raise ConfigError(
             f"prompt_max_len {config.prompt_max_len} leaves no room for a model turn in "
-            f"max_episode_tokens {budget.max_total_tokens}"
+            f"max_episode_tokens {total}"
         )
-
-
-def environment_options(config: TrainFields) -> dict[str, object]:
-    """The environment's options, parsed (checked to be a JSON object when set)."""
-    if config.environment_options is None:
-        return {}
-    options: dict[str, object] = json.loads(config.environment_options)
-    return options
-
-
-def episode_budget(config: TrainFields) -> EpisodeBudget | None:
-    """The budget of each episode; ``None`` for single-turn rollouts."""
-    if config.environment is None:
-        return None
-    return EpisodeBudget(
-        max_turns=DEFAULT_MAX_TURNS if config.max_turns is None else config.max_turns,
-        max_total_tokens=(
-            DEFAULT_MAX_EPISODE_TOKENS
-            if config.max_episode_tokens is None
-            else config.max_episode_tokens
-        ),
-        max_turn_tokens=config.generate_max_len,
-    )

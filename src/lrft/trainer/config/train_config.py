@@ -12,6 +12,7 @@ rule.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from typing import Any, cast
@@ -134,11 +135,6 @@ class TrainConfig(TrainFields):
         clip = DEFAULT_VALUE_CLIP if self.value_clip is None else self.value_clip
         return clip if clip > 0 else None
 
-    def episode_budget(self) -> EpisodeBudget | None:
-        """Each episode's budget (``max_turns``, ``max_episode_tokens``, ``generate_max_len`` a
-        turn); ``None`` without an environment."""
-        return episodes.episode_budget(self)
-
     def policy_loss_config(self) -> PolicyLossConfig:
         """The settings of ``policy_loss_type`` from the flags (``generate_max_len`` is the
         constant divisor of ``seq-mean-token-sum-norm``)."""
@@ -198,3 +194,21 @@ class TrainConfig(TrainFields):
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
+
+    def episode_budget(self) -> EpisodeBudget | None:
+        """Each episode's budget (``max_turns``, ``max_episode_tokens``, ``generate_max_len`` a
+        turn); ``None`` without an environment."""
+        if self.environment is None:
+            return None
+        return EpisodeBudget(
+            max_turns=self.max_turns or episodes.DEFAULT_MAX_TURNS,
+            max_total_tokens=self.max_episode_tokens or episodes.DEFAULT_MAX_EPISODE_TOKENS,
+            max_turn_tokens=self.generate_max_len,
+        )
+
+    def environment_option_values(self) -> dict[str, object]:
+        """``environment_options`` parsed (a JSON object, checked when set); ``{}`` unset."""
+        if self.environment_options is None:
+            return {}
+        options: dict[str, object] = json.loads(self.environment_options)
+        return options
