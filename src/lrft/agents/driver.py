@@ -10,9 +10,10 @@ are the engine's ``n`` distinct samples; later rounds ask for one sample per liv
 Every call is made alike on every rank: the sampling parameters of a round depend only on
 ``params``, the budget and the round, never on this rank's episodes, and ``any_live`` (in a
 trainer, an all-reduce over the ranks) decides whether another round runs, so that a rank whose
-episodes have all ended still takes part, with no requests, while another rank's run on. A turn
-longer than its episode's remaining budget is cut to it: the kept tokens are a prefix of the
-sample, so they and their logprobs are exactly what sampling with the shorter limit would give.
+episodes have all ended still takes part, with no requests, while another rank's run on. Each
+request asks for at most what its episode has left of the token budget; a turn an engine returns
+longer than that anyway is cut to it: the kept tokens are a prefix of the sample, so they and
+their logprobs are exactly what sampling with the shorter limit would give.
 """
 
 from __future__ import annotations
