@@ -179,9 +179,7 @@ def _start(
     return episodes
 
 
-def _requests(
-    episodes: Sequence[_Live], n: int, budget: EpisodeBudget
-) -> list[GenerationRequest]:
+def _requests(episodes: Sequence[_Live], n: int, budget: EpisodeBudget) -> list[GenerationRequest]:
     # In round 0 each task's group shares one request with n samples. Each request asks for at
     # most what its episode has left; the call's common limit caps it further.
     chosen = [e for e in episodes if e.sample_index == 0] if n > 1 else list(episodes)
