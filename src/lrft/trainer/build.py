@@ -350,7 +350,9 @@ def _check_environment(config: TrainConfig) -> None:
         return
     assert config.pretrain is not None
     tokenizer = AutoTokenizer.from_pretrained(config.pretrain)
-    environment_setup(config.environment, config.tools, config.environment_option_values(), tokenizer)
+    environment_setup(
+        config.environment, config.tools, config.environment_option_values(), tokenizer
+    )
 
 
 # --- LoRA -------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from lrft.agents import (
     make_tool,
     run_episodes,
 )
+from lrft.agents.registry import environments
 from lrft.api.episodes import Environment, EpisodeBudget, EpisodeTask
 from lrft.api.errors import ConfigError
 from lrft.api.types import GenerationResult, SamplingParams
@@ -208,9 +209,12 @@ def environment_setup(
     options: Mapping[str, Any],
     tokenizer: PreTrainedTokenizerBase,
 ) -> EnvironmentSetup:
-    """The setup of ``environment``'s episodes, checked by making the tools and one
-    environment: an unknown option, or a chat template that cannot render the environment's
+    """The setup of ``environment``'s episodes (a registered name, or a factory's
+    ``module:attribute`` path, registered under itself here), checked by making the tools and
+    one environment: an unknown option, or a chat template that cannot render the environment's
     roles, is a ``ConfigError`` here, before any process group or rollout."""
+    if environment not in environments.names() and ":" in environment:
+        environments.register(environment, environment)  # a module:attribute path
     setup = EnvironmentSetup(
         tokenizer=tokenizer, tools=[make_tool(name) for name in tools], options=options
     )

@@ -50,7 +50,9 @@ HOSTILE = {
 }
 
 
-def _scripted(tokenizer: PreTrainedTokenizerFast, turns: Sequence[str]) -> tuple[list[int], GenerateFn]:
+def _scripted(
+    tokenizer: PreTrainedTokenizerFast, turns: Sequence[str]
+) -> tuple[list[int], GenerateFn]:
     """An engine that answers the ``k``-th call with ``turns[k]`` and the end-of-turn token."""
     end = int(tokenizer.eos_token_id)
     calls: list[int] = []
@@ -60,7 +62,7 @@ def _scripted(tokenizer: PreTrainedTokenizerFast, turns: Sequence[str]) -> tuple
     ) -> list[GenerationResult]:
         text = turns[len(calls)]
         calls.append(len(requests))
-        tokens = tuple(tokenizer(text, add_special_tokens=False)["input_ids"]) + (end,)
+        tokens = (*tokenizer(text, add_special_tokens=False)["input_ids"], end)
         return [
             GenerationResult(
                 request_id=r.request_id,
@@ -114,7 +116,8 @@ def test_each_hostile_program_is_an_observation_and_the_episode_goes_on(
     for (name, (_, expected)), record in zip(HOSTILE.items(), records, strict=False):
         observation = record["observation"]
         assert any(text in observation for text in expected), (name, observation)
-        assert "connected" not in observation and "wrote" not in observation, name
+        assert "connected" not in observation, name
+        assert "wrote" not in observation, name
         assert record["metrics"]["tool_failures"] == 1.0, name
     assert records[-1]["model"] == "the answer is 42<|im_end|>"
     # the training tensors hold every turn, the observations masked out

@@ -49,12 +49,12 @@ def _reference_episode(tokenizer: PreTrainedTokenizerFast, sample: int = 0) -> E
     """The conversation as an episode: each segment the template's text, encoded by itself."""
     end = int(tokenizer.convert_tokens_to_ids(IM_END))  # type: ignore[arg-type]  # one token: one id
     prompt_text = _render(tokenizer, CONVERSATION[:1], True)
-    first = _encode(tokenizer, CONVERSATION[1]["content"]) + [end]
+    first = [*_encode(tokenizer, CONVERSATION[1]["content"]), end]
     before_result = prompt_text + CONVERSATION[1]["content"] + IM_END
     after_result = _render(tokenizer, CONVERSATION[:3], True)
     assert after_result.startswith(before_result)
     observation = _encode(tokenizer, after_result[len(before_result) :])
-    second = _encode(tokenizer, CONVERSATION[3]["content"]) + [end]
+    second = [*_encode(tokenizer, CONVERSATION[3]["content"]), end]
     response = first + observation + second
     return Episode(
         task_index=0,
@@ -148,7 +148,9 @@ def test_pack_takes_the_model_mask_and_explicit_response_lengths(
     assert sequences.action_mask[0].tolist() == list(episode.model_mask)
     assert sequences.action_mask[1].tolist() == [True] * 3 + [False] * (size - 3)
     assert sequences.input_ids[0].tolist() == list(episode.token_ids)
-    expected = [t if m else 0 for t, m in zip(episode.response_token_ids, episode.model_mask)]
+    expected = [
+        t if m else 0 for t, m in zip(episode.response_token_ids, episode.model_mask, strict=True)
+    ]
     assert sequences.action_tokens[0].tolist() == expected
 
 
@@ -303,7 +305,8 @@ def test_the_replay_buffer_keeps_the_holes_and_the_response_lengths(
     (micro,) = list(buffer.micro_batches(4, epoch=0))
     torch.testing.assert_close(micro.sequences.action_mask, experience.sequences.action_mask)
     torch.testing.assert_close(micro.advantages, experience.advantages)
-    assert micro.engine_logprobs is not None and experience.engine_logprobs is not None
+    assert micro.engine_logprobs is not None
+    assert experience.engine_logprobs is not None
     torch.testing.assert_close(micro.engine_logprobs, experience.engine_logprobs)
     assert micro.sequences.response_lengths is not None
     assert micro.sequences.response_lengths.tolist() == [experience.sequences.action_mask.shape[1]]

@@ -28,7 +28,7 @@ EPISODES = [*MODEL, "--environment=tool_calls"]
     [
         (
             [*MODEL, "--environment=chess"],
-            r"environment 'chess' is unknown; choose one of \['tool_calls'\]",
+            r"environment 'chess' is unknown; choose one of \['tool_calls'\], or give a factory",
         ),
         (
             [*EPISODES, "--tools", "calculator", "browser"],
@@ -94,7 +94,9 @@ def test_a_tool_registered_under_its_name_is_accepted() -> None:
 
 
 def _rank() -> RankInfo:
-    return RankInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))
+    return RankInfo(
+        rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu")
+    )
 
 
 @pytest.mark.parametrize(

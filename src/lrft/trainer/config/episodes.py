@@ -3,7 +3,6 @@ fields, and the budget's defaults."""
 
 from __future__ import annotations
 
-
 from lrft.api.errors import ConfigError
 from lrft.trainer.config.fields import TrainFields
 

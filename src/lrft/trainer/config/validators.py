@@ -268,10 +268,15 @@ def module_names(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
 
 
 def environment(_: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
-    """A registered environment (:mod:`lrft.agents.registry`, entry points included)."""
-    if value is not None and value not in environment_registry.names():
+    """A registered environment (:mod:`lrft.agents.registry`, entry points included), or a
+    factory's ``module:attribute`` path (imported when the trainer is built)."""
+    if value is None or value in environment_registry.names():
+        return
+    module, _, name = value.partition(":")
+    if not (module and name):
         raise ConfigError(
-            f"{attribute.name} {value!r} is unknown; choose one of {list(environment_registry.names())} "
+            f"{attribute.name} {value!r} is unknown; choose one of "
+            f"{list(environment_registry.names())}, or give a factory as module:attribute "
             "(or register one under the lrft.environments entry points)"
         )
 
