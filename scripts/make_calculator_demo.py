@@ -50,6 +50,9 @@ OBSERVATION = "\n{content}\n"
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, required=True)
+    parser.add_argument(
+        "--init", type=Path, default=None, help="the model to start from (default: the demo's)"
+    )
     parser.add_argument("--steps", type=int, default=600, help="warm-up optimizer steps")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -134,8 +137,10 @@ def main() -> None:
     write_jsonl(data / "train.jsonl", train)
     write_jsonl(data / "eval.jsonl", evaluation)
     tokenizer = load_tokenizer()
-    model = load_model()
-    before = held_out(load_model(), tokenizer, evaluation[:200])  # the engine freezes its model
+    model = load_model() if args.init is None else load_model(args.init)
+    before = held_out(  # a copy: the engine freezes its model
+        load_model() if args.init is None else load_model(args.init), tokenizer, evaluation[:200]
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98))
     began = time.perf_counter()
     torch.nn.Module.train(model)
