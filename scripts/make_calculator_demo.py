@@ -10,17 +10,16 @@ sloppy teacher who forgets carries (``--carry-drop``). The warmed-up model is me
 few problems and mostly answer wrong, so that RL (``lrft train --environment tool_calls --tools
 calculator``) has to find out that calling pays on these problems.
 
-Measured (2026-12, the 2-core CPU machine under load, ``--steps 300 --batch-size 32 --lr 2e-3``,
-454 s): the model learns the call syntax (15.6% of samples at temperature 1 call, 6% of greedy
-answers) but not yet to copy: it calls with other operands than the problem's
-(``859+981=<calculator>896+977</calculator>``) and does not repeat the tool's result, so no
-episode is correct and RL has no signal. Copying needs a longer warm-up than was run.
+Three stages reach a model that copies (docs/multi-turn.md has the commands and figures): 300
+and 600 steps teach the syntax only, 2500 more make greedy held-out accuracy 0.305 with 40% of
+answers calling; 20 RL steps on 2 gloo ranks then raise it to 0.745.
 
 Writes ``OUTPUT/model`` (the warmed-up model and tokenizer), ``OUTPUT/data/{train,eval}.jsonl``
 and ``OUTPUT/warm_up.json`` (settings and the held-out call rate and accuracy, greedy, measured
 through the episode driver with the hf engine). Run from the repository root::
 
-    python scripts/make_calculator_demo.py --output /tmp/calculator_demo   # ~2 min on 2 cores
+    python scripts/make_calculator_demo.py --output /tmp/calc --steps 300 --batch-size 32 --lr 2e-3
+    python scripts/make_calculator_demo.py --init /tmp/calc/model --output /tmp/calc2 ...
 """
 
 from __future__ import annotations
