@@ -66,6 +66,7 @@ _ENVIRONMENT_OPTIONS = {
     "max_calls_per_turn": "tool calls run per turn (default 1)",
     "result_role": "the role of tool-result messages (default 'tool')",
     "result_format": "a tool result's content ({tool}, {status}, {output}; default '{output}')",
+    "tool_timeout_s": "seconds a tool call may take before it is given up on (default 120)",
 }
 
 

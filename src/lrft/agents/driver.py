@@ -10,9 +10,10 @@ are the engine's ``n`` distinct samples; later rounds ask for one sample per liv
 Every call is made alike on every rank: the sampling parameters of a round depend only on
 ``params``, the budget and the round, never on this rank's episodes, and ``any_live`` (in a
 trainer, an all-reduce over the ranks) decides whether another round runs, so that a rank whose
-episodes have all ended still takes part, with no requests, while another rank's run on. A turn
-longer than its episode's remaining budget is cut to it: the kept tokens are a prefix of the
-sample, so they and their logprobs are exactly what sampling with the shorter limit would give.
+episodes have all ended still takes part, with no requests, while another rank's run on. Each
+request asks for at most what its episode has left of the token budget; a turn an engine returns
+longer than that anyway is cut to it: the kept tokens are a prefix of the sample, so they and
+their logprobs are exactly what sampling with the shorter limit would give.
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def run_episodes(
         while any_live(any(e.end is None for e in episodes)):
             live = [e for e in episodes if e.end is None]
             first = round_index == 0
-            requests = _requests(episodes, params.n) if first else _requests(live, 1)
+            requests = _requests(episodes if first else live, params.n if first else 1, budget)
             call = attrs.evolve(
                 params,
                 n=params.n if first else 1,
@@ -178,11 +179,16 @@ def _start(
     return episodes
 
 
-def _requests(episodes: Sequence[_Live], n: int) -> list[GenerationRequest]:
-    # In round 0 each task's group shares one request with n samples.
+def _requests(episodes: Sequence[_Live], n: int, budget: EpisodeBudget) -> list[GenerationRequest]:
+    # In round 0 each task's group shares one request with n samples. Each request asks for at
+    # most what its episode has left; the call's common limit caps it further.
     chosen = [e for e in episodes if e.sample_index == 0] if n > 1 else list(episodes)
     return [
-        GenerationRequest(prompt_token_ids=e.context, request_id=f"{e.task_index}/{e.sample_index}")
+        GenerationRequest(
+            prompt_token_ids=e.context,
+            request_id=f"{e.task_index}/{e.sample_index}",
+            max_new_tokens=budget.max_total_tokens - len(e.context),
+        )
         for e in chosen
     ]
 
@@ -198,6 +204,8 @@ def _append_turn(
     room = budget.max_total_tokens - len(episode.prompt) - len(episode.tokens)
     finish: FinishReason = result.finish_reason
     if len(tokens) > room:
+        # An engine that ignored the request's max_new_tokens: keep the budget anyway (a
+        # prefix of the sample is what sampling with the shorter limit would have given).
         tokens, finish = tokens[:room], "length"
     episode.turns.append(
         TurnRecord(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
@@ -71,12 +72,37 @@ def _run_tool(tool: Tool, arguments: str) -> ToolResult:
         )
 
 
+def _run_tool_within(tool: Tool, arguments: str, timeout_s: float | None) -> ToolResult:
+    """:func:`_run_tool`, given up on after ``timeout_s``: a tool that breaks its promise to
+    return within its own deadline must not stall every rank's rollout. A thread cannot be
+    killed, so a hung call is left running in a daemon thread (it ends with the process)."""
+    if timeout_s is None:
+        return _run_tool(tool, arguments)
+    answer: list[ToolResult] = []
+    worker = threading.Thread(
+        target=lambda: answer.append(_run_tool(tool, arguments)),
+        name=f"lrft-tool-{tool.name}",
+        daemon=True,
+    )
+    worker.start()
+    worker.join(timeout_s)
+    if answer:
+        return answer[0]
+    logger.warning("tool %r did not answer within %g s; leaving it behind", tool.name, timeout_s)
+    return ToolResult(
+        output=f"[stopped: the tool did not answer within {timeout_s:g} s]",
+        status="wall_time_limit",
+        seconds=timeout_s,
+    )
+
+
 class ToolCallEnvironment:
     """Tool calls until an answer; see the module docstring. One instance per episode.
 
     ``result_format`` renders one call's result as a message's content, with the fields
     ``{tool}``, ``{status}`` and ``{output}``. ``max_calls_per_turn`` calls of a turn run; the
-    rest are answered with a note.
+    rest are answered with a note. ``tool_timeout_s`` bounds each call, whatever the tool's own
+    limits (``None``: wait as long as the tool takes).
     """
 
     def __init__(
@@ -89,10 +115,13 @@ class ToolCallEnvironment:
         max_calls_per_turn: int = 1,
         result_role: str = "tool",
         result_format: str = "{output}",
+        tool_timeout_s: float | None = 120.0,
     ) -> None:
         names = [tool.name for tool in tools]
         if len(set(names)) != len(names):
             raise ConfigError(f"tool names must be distinct, got {names}")
+        if tool_timeout_s is not None and not tool_timeout_s > 0:
+            raise ConfigError(f"tool_timeout_s must be > 0 or None, got {tool_timeout_s!r}")
         if max_calls_per_turn < 1:
             raise ConfigError(f"max_calls_per_turn must be >= 1, got {max_calls_per_turn}")
         try:
@@ -109,6 +138,7 @@ class ToolCallEnvironment:
         self.max_calls_per_turn = max_calls_per_turn
         self.result_role = result_role
         self.result_format = result_format
+        self.tool_timeout_s = tool_timeout_s
         self._task: EpisodeTask | None = None
         self._next_turn = 0
 
@@ -167,4 +197,4 @@ class ToolCallEnvironment:
             return ToolResult(
                 output=f"unknown tool {call.tool!r}; tools: {known}", status="invalid_input"
             )
-        return _run_tool(tool, call.arguments)
+        return _run_tool_within(tool, call.arguments, self.tool_timeout_s)

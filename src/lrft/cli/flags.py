@@ -394,6 +394,45 @@ FLAGS: tuple[Flag, ...] = (
         help="sleep the engine outside rollouts and keep the reference and reward models offloaded outside their passes",
     ),
     Flag(
+        name="environment",
+        group=FlagGroup.ROLLOUT,
+        kind=str,
+        help="roll out multi-turn episodes in this registered environment (tool_calls: the model "
+        "calls --tools until it answers; unset: one response per sample); only the model's own "
+        "tokens are trained on, and the reward scores its final turn",
+    ),
+    Flag(
+        name="environment_options",
+        group=FlagGroup.ROLLOUT,
+        kind=str,
+        metavar="JSON",
+        help="the environment's options as a JSON object, e.g. '{\"chat_template\": false}' for "
+        "tool_calls without the tokenizer's chat template (see docs/multi-turn.md; needs "
+        "--environment)",
+    ),
+    Flag(
+        name="tools",
+        group=FlagGroup.ROLLOUT,
+        kind=str,
+        nargs="+",
+        metavar="NAME",
+        help="the registered tools the environment offers: calculator, python (sandboxed), or "
+        "a name registered under the lrft.tools entry points (needs --environment)",
+    ),
+    Flag(
+        name="max_turns",
+        group=FlagGroup.ROLLOUT,
+        kind=int,
+        help="the most model turns of an episode (unset: 4; needs --environment)",
+    ),
+    Flag(
+        name="max_episode_tokens",
+        group=FlagGroup.ROLLOUT,
+        kind=int,
+        help="the most tokens of an episode, prompt, turns and observations together; each turn "
+        "is at most --generate_max_len (unset: 1024; needs --environment)",
+    ),
+    Flag(
         name="train_batch_size",
         group=FlagGroup.TRAINING,
         kind=int,

@@ -256,6 +256,7 @@ def _tokenize(
 class _ParsedRow:
     row: SourceRow
     text: str
+    raw_input: object
     label: object
     reference: object
     images: tuple[ImageSource, ...] = ()
@@ -289,7 +290,7 @@ def _parse(
     processor: MediaProcessor | None,
 ) -> _ParsedRow:
     where = f"{source.name} {row.where}"
-    value = _value(row, config.input_key, "input_key", where)
+    raw_input = value = _value(row, config.input_key, "input_key", where)
     images, audio = _row_media(row, config, source, where)
     if images or audio:
         assert processor is not None  # checked with images_key / audios_key
@@ -304,7 +305,13 @@ def _parse(
         else _value(row, config.reference_key, "reference_key", where)
     )
     return _ParsedRow(
-        row=row, text=text, label=label, reference=reference, images=images, audio=audio
+        row=row,
+        text=text,
+        raw_input=raw_input,
+        label=label,
+        reference=reference,
+        images=images,
+        audio=audio,
     )
 
 
@@ -364,6 +371,7 @@ def _filter(
                 source_index=index,
                 images=entry.images,
                 audio=entry.audio,
+                raw_input=entry.raw_input,
             )
         )
     stats = PromptStats(

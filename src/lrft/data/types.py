@@ -67,6 +67,9 @@ class PromptSample:
     the chat with its placeholders. ``media`` holds the decoded images and clips and the
     processor's tensors once the sample is selected from its dataset
     (:meth:`PromptDataset.select <lrft.data.PromptDataset.select>`), ``None`` before.
+
+    ``raw_input`` is the row's value under ``input_key`` as read, before any template (a string
+    or a conversation): what a multi-turn environment starts its episode from.
     """
 
     prompt_text: str
@@ -82,6 +85,7 @@ class PromptSample:
     images: tuple[ImageSource, ...] = attrs.field(default=(), converter=_sources)
     audio: tuple[AudioSource, ...] = attrs.field(default=(), converter=_audio_sources)
     media: MediaInputs | None = None
+    raw_input: object = None
 
     @property
     def prompt_length(self) -> int:

@@ -37,6 +37,7 @@ from lrft.trainer import checkpoint as ckpt
 from lrft.trainer import demo
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.critic import load_critic
+from lrft.trainer.episodes import EpisodeRollout, environment_setup
 from lrft.trainer.experience import Decode, ExperienceMaker
 from lrft.trainer.export import LORA_ADAPTER_DIR, export_hf, export_lora_adapter
 from lrft.trainer.outputs import claim_outputs
@@ -291,6 +292,7 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
     _check_resume(config)
     check_reward_settings(config)
     _check_lora(config)
+    _check_environment(config)
     init_distributed(info, timeout=timedelta(seconds=config.collective_timeout_s))
     watch = PhaseWatch.for_default_group(config.collective_timeout_s)
     watch.start()
@@ -373,6 +375,18 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         tp_group=tp_group,
         eos_token_id=tokenizer.eos_token_id,
     )
+    episodes = None
+    budget = config.episode_budget()
+    if config.environment is not None and budget is not None:
+        episodes = EpisodeRollout.build(
+            environment=config.environment,
+            tools=config.tools,
+            options=config.environment_option_values(),
+            tokenizer=tokenizer,
+            budget=budget,
+            generate=maker.generate_requests,
+            device=backend.device,
+        )
     pretrain = config.pretrain
 
     def export(directory: Path) -> None:
@@ -401,6 +415,20 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         and ModelPart.PARAMETERS in backend.capabilities.offload
         and config.lora is None,  # a LoRA reference is the actor: nothing of its own to move
         watch=watch,
+        episodes=episodes,
+    )
+
+
+def _check_environment(config: TrainConfig) -> None:
+    """The environment, its options and its tools, made once with the model's tokenizer before
+    any process group starts (a bad option or a template that cannot render the environment's
+    roles is a ``ConfigError`` naming it)."""
+    if config.environment is None:
+        return
+    assert config.pretrain is not None
+    tokenizer = AutoTokenizer.from_pretrained(config.pretrain)
+    environment_setup(
+        config.environment, config.tools, config.environment_option_values(), tokenizer
     )
 
 

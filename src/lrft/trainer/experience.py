@@ -215,6 +215,13 @@ class ExperienceMaker:
     def _generate(
         self, requests: Sequence[GenerationRequest], params: SamplingParams
     ) -> list[GenerationResult]:
+        return self.generate_requests(requests, params)
+
+    def generate_requests(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[GenerationResult]:
+        """``requests`` through the engine, collective over the TP group (for a driver that
+        makes its own requests, such as the multi-turn episode driver)."""
         # An engine that declares tensor_parallel spans its TP group and, by the RolloutEngine
         # contract, gathers the group's requests itself: gathering here too would hand it every
         # request of the group on every rank. Only a single-rank engine needs the gather.
@@ -304,26 +311,40 @@ class ExperienceMaker:
         *,
         values: Tensor | None = None,
         engine_logprobs: Tensor | None = None,
+        token_rewards: Tensor | None = None,
     ) -> ExperienceBatch:
         """Advantages in one normalisation stage, with DP-global whitening statistics.
 
         ``values``: the critic's (B, T) values, for value-based estimators; the batch then also
         carries them and the estimator's returns (the critic's targets, never whitened).
         ``engine_logprobs``: the engine's own (B, T) logprobs, carried for truncated importance
-        sampling.
+        sampling. ``token_rewards``: (B, T) rewards at the tokens that earned them (a multi-turn
+        episode's turn rewards, each at its turn's last token) instead of each score at its
+        response's last token; ``scores`` are then their sums, which outcome estimators (GRPO)
+        compare.
         """
         mask = sequences.action_mask
-        shaped = scores.double()
-        if self.normalize_reward:
-            self.reward_moments = self.reward_moments.merge(
-                all_gather_moments(RunningMoments.from_values(scores))
+        if token_rewards is not None:
+            if self.normalize_reward:
+                raise ValueError("normalize_reward scales sequence scores, not token rewards")
+            rewards = token_rewards.float()
+            if self.reward_clip > 0:
+                rewards = rewards.clamp(-self.reward_clip, self.reward_clip)
+            batch = RewardBatch.from_token_rewards(
+                rewards, mask, group_size=self.sampling.n, values=values
             )
-            shaped = self.reward_moments.normalize(shaped)
-        if self.reward_clip > 0:
-            shaped = shaped.clamp(-self.reward_clip, self.reward_clip)
-        batch = RewardBatch.from_sequence_rewards(
-            shaped.float(), mask, group_size=self.sampling.n, values=values
-        )
+        else:
+            shaped = scores.double()
+            if self.normalize_reward:
+                self.reward_moments = self.reward_moments.merge(
+                    all_gather_moments(RunningMoments.from_values(scores))
+                )
+                shaped = self.reward_moments.normalize(shaped)
+            if self.reward_clip > 0:
+                shaped = shaped.clamp(-self.reward_clip, self.reward_clip)
+            batch = RewardBatch.from_sequence_rewards(
+                shaped.float(), mask, group_size=self.sampling.n, values=values
+            )
         metrics: dict[str, float] = {}
         if ref_logprobs is not None:
             if old_logprobs is None:

@@ -46,6 +46,11 @@ class Sequences:
     media: tuple[ProcessedMedia | None, ...] = attrs.field(default=(), converter=_media_rows)
     """Each row's prompt media (``None``: a text prompt); empty when no row has any."""
 
+    # (B,) long: where each response ends, when the action mask has holes in it (the
+    # observations of a multi-turn episode, :func:`lrft.trainer.episodes.pack_episodes`);
+    # None: a response is its action tokens, the mask's sum
+    response_lengths: Tensor | None = None
+
     def __attrs_post_init__(self) -> None:
         if self.media and len(self.media) != len(self):
             raise ValueError(f"{len(self.media)} media rows for {len(self)} sequences")
@@ -61,8 +66,9 @@ class Sequences:
         """Rows ``rows``, trimmed to the longest sequence and response among them."""
         mask = self.attention_mask[rows]
         actions = self.action_mask[rows]
+        lengths = None if self.response_lengths is None else self.response_lengths[rows]
         width = int(mask.sum(-1).max())
-        steps = int(actions.sum(-1).max())
+        steps = int((actions.sum(-1) if lengths is None else lengths).max())
         return Sequences(
             input_ids=self.input_ids[rows, :width],
             attention_mask=mask[:, :width],
@@ -70,6 +76,7 @@ class Sequences:
             action_mask=actions[:, :steps],
             action_tokens=self.action_tokens[rows, :steps],
             media=[self.media[i] for i in rows.tolist()] if self.media else (),
+            response_lengths=lengths,
         )
 
 

@@ -24,6 +24,7 @@ from lrft.trainer import checkpoint as ckpt
 from lrft.trainer.colocation import Colocation
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.critic import CriticUpdate, critic_values
+from lrft.trainer.episodes import EpisodeBatch, EpisodeRollout, add_turns, with_returns
 from lrft.trainer.experience import ExperienceMaker, pack_engine_logprobs, reward_means
 from lrft.trainer.export import HF_MODEL_DIR
 from lrft.trainer.metrics import CURVES_FILE, MetricsWriter, plot_curves
@@ -61,6 +62,8 @@ class RLTrainer:
     ``offload_reference`` keeps the reference's parameters on the host outside its pass (only
     for a backend that declares parameter offload). ``watch`` is told every phase and step, so a
     collective timeout names them (default: a watch over the default group, started here).
+    ``episodes`` rolls out multi-turn episodes instead of one response per sample
+    (:mod:`lrft.trainer.episodes`), in training and evaluation alike.
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class RLTrainer:
         critic_offload: Collection[ModelPart] = (),
         offload_reference: bool = False,
         watch: PhaseWatch | None = None,
+        episodes: EpisodeRollout | None = None,
     ) -> None:
         if (critic is not None) != config.uses_critic:
             raise ConfigError(
@@ -96,6 +100,7 @@ class RLTrainer:
         self.critic = critic
         self.engine = engine
         self.maker = maker
+        self.episodes = episodes
         self.train_data = train_data
         self.eval_data = eval_data
         self.device = device
@@ -221,13 +226,21 @@ class RLTrainer:
         if self.config.dynamic_sampling:
             with self.watch.phase("dynamic_sampling"):
                 refill = self.dynamic_rollout()
+        episodes: EpisodeBatch | None = None
         if refill is None:
             prompts = self.train_data.select(self.sampler.next_batch().indices)
             params = attrs.evolve(maker.sampling, seed=self.rollout_seed(self.step))
-            results = col.rollout(lambda: maker.generate(prompts, params))
+            if self.episodes is None:
+                results = col.rollout(lambda: maker.generate(prompts, params))
+            else:
+                rollout = self.episodes
+                episodes = col.rollout(lambda: rollout.run(prompts, params))
+                results = episodes.answers
         else:
             prompts, results = refill.batch.prompts, list(refill.batch.results)
-        sequences = pack(results, media=row_media(prompts, n))
+        sequences = (
+            pack(results, media=row_media(prompts, n)) if episodes is None else episodes.sequences
+        )
         old = (
             col.actor_pass(lambda: maker.logprobs(self.actor, sequences))
             if self.old_logprob_pass
@@ -244,12 +257,29 @@ class RLTrainer:
             shaped = maker.shape(rewards.scores_tensor(), sequences.action_mask.sum(-1))
         else:
             rewards, shaped = refill.batch.rewards, refill.batch.shaped
+        token_rewards = None
+        if episodes is not None:
+            token_rewards = episodes.token_rewards(rewards.scores_tensor())
+            rewards = with_returns(rewards, episodes)
+            shaped = rewards.scores_tensor()
         engine = None
         if self.config.use_tis:
-            engine = pack_engine_logprobs(results, sequences.action_mask.shape[1])
+            engine = (
+                pack_engine_logprobs(results, sequences.action_mask.shape[1])
+                if episodes is None
+                else episodes.engine_logprobs
+            )
         experience = col.plain(
             "advantages",
-            lambda: maker.make(sequences, shaped, old, ref, values=values, engine_logprobs=engine),
+            lambda: maker.make(
+                sequences,
+                shaped,
+                old,
+                ref,
+                values=values,
+                engine_logprobs=engine,
+                token_rewards=token_rewards,
+            ),
         )
         self.buffer.clear()
         self.buffer.append(experience)
@@ -268,12 +298,14 @@ class RLTrainer:
                 step=self.step,
                 rank=self.rank,
                 prompts=prompts,
-                results=results,
+                results=results if episodes is None else episodes.responses,
                 rewards=rewards,
                 experience=experience,
                 decode=maker.decode,
                 kl_estimator=maker.kl_estimator,
             )
+            if episodes is not None:
+                add_turns(records, episodes, maker.decode)
             with self.watch.phase("trajectories"):
                 self.trajectories.write(self.step, records, group_pictures(prompts))
         lengths = sequences.action_mask.sum(-1).float()
@@ -286,6 +318,7 @@ class RLTrainer:
             "train/accuracy": float((scores > 0).float().mean()),
             "train/response_length": float(lengths.mean()),
             **reward_means(generated),
+            **({} if episodes is None else episodes.metrics()),
             **({} if refill is None else refill.metrics),
             **self._shaping_metrics(rewards.scores_tensor(), shaped),
             **experience.metrics,
@@ -330,14 +363,26 @@ class RLTrainer:
         indices = eval_indices(len(self.eval_data), rank=self.rank, world_size=self.world_size)
         prompts = self.eval_data.select(indices)
         greedy = attrs.evolve(self.maker.sampling, n=1, temperature=0.0, seed=None)
-        results = self.colocation.rollout(
-            lambda: self.maker.generate(prompts, greedy),
-            name="eval_generate",
-            sleep_level=EVAL_SLEEP_LEVEL,
-        )
+        rollout = self.episodes
+        episodes = None
+        if rollout is None:
+            results = self.colocation.rollout(
+                lambda: self.maker.generate(prompts, greedy),
+                name="eval_generate",
+                sleep_level=EVAL_SLEEP_LEVEL,
+            )
+        else:
+            episodes = self.colocation.rollout(
+                lambda: rollout.run(prompts, greedy),
+                name="eval_generate",
+                sleep_level=EVAL_SLEEP_LEVEL,
+            )
+            results = episodes.answers
         # Every rank scores, also one with no prompts: a sharded reward model's forward is
         # collective, and its ranks must call it alike.
         scores, _ = self.maker.score(prompts, results, 1)
+        if episodes is not None:
+            scores = scores + episodes.returns
         total, correct, count = sum_over_ranks(
             [float(scores.sum()), float((scores > 0).sum()), float(len(scores))], self.device
         )

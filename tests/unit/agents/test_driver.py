@@ -129,6 +129,21 @@ def test_a_turn_past_the_total_budget_is_cut_to_it() -> None:
     assert episode.logprobs[-4:] == pytest.approx((-1.0, -1.1, -1.2, -1.3))
 
 
+def test_each_request_asks_for_what_its_episode_has_left() -> None:
+    # The engine honours the per-request limit, so no turn needs cutting.
+    def reply(request: GenerationRequest, sample: int) -> tuple[int, ...]:
+        limit = request.max_new_tokens or 100
+        return (10, 11, 12, 13, 14, 15)[:limit]
+
+    engine = Engine(reply)
+    (episode,) = _run(engine, EpisodeBudget(max_turns=5, max_total_tokens=3 + 6 + 2 + 4))
+    assert [[r.max_new_tokens for r in requests] for requests, _ in engine.calls] == [[12], [4]]
+    # the call's own limit is rank-independent: the round's common one
+    assert [p.max_new_tokens for _, p in engine.calls] == [16, 16]
+    assert episode.turn_token_ids(1) == (10, 11, 12, 13)
+    assert episode.end == "max_total_tokens"
+
+
 def test_an_observation_that_leaves_no_room_ends_the_episode() -> None:
     # prompt 3 + turn 2 + observation 2 would leave no token for the next turn.
     (episode,) = _run(Engine(lambda r, s: (10, 11)), EpisodeBudget(max_turns=5, max_total_tokens=7))

@@ -340,6 +340,15 @@ def _non_default(name: str) -> list[str]:
         "lora_dropout": ["--lora_rank=8", "--lora_dropout=0.1"],
         "target_modules": ["--lora_rank=8", "--target_modules", "q_proj", "v_proj"],
         **KNOB_VALUES,
+        # the episode settings need an environment
+        "environment": ["--environment=tool_calls"],
+        "environment_options": [
+            "--environment=tool_calls",
+            '--environment_options={"chat_template": false}',
+        ],
+        "tools": ["--environment=tool_calls", "--tools", "calculator", "python"],
+        "max_turns": ["--environment=tool_calls", "--max_turns=7"],
+        "max_episode_tokens": ["--environment=tool_calls", "--max_episode_tokens=77"],
     }
     if name in special:
         return special[name]

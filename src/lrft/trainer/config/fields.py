@@ -142,6 +142,22 @@ class TrainFields:
     see :meth:`TrainConfig.engine_memory_share`. Unset: 0.5 of a GPU; on CPU, 0.5 of the host
     split over its ranks. Other engines reserve nothing up front and refuse it."""
     enable_engine_sleep: bool = False
+    # multi-turn episodes (lrft.agents) -------------------------------------------------------
+    environment: str | None = attrs.field(default=None, validator=f.environment)
+    """Roll out multi-turn episodes in this registered environment (``tool_calls``) instead of
+    one response per sample: the model's turns are trained on, the observations between them
+    are not (docs/multi-turn.md). Unset: single-turn rollouts."""
+    environment_options: str | None = attrs.field(default=None, validator=f.json_object)
+    """The environment's options as a JSON object (``tool_calls``: ``{"chat_template": false,
+    "max_calls_per_turn": 2, ...}``, see docs/multi-turn.md); unset: none (needs
+    environment)."""
+    tools: tuple[str, ...] = attrs.field(default=(), converter=f.tool_names)
+    """The registered tools the environment offers (``calculator``, ``python``)."""
+    max_turns: int | None = attrs.field(default=None, validator=f.optional_positive)
+    """The most model turns of an episode; unset: 4 (needs environment)."""
+    max_episode_tokens: int | None = attrs.field(default=None, validator=f.optional_positive)
+    """The most tokens of an episode, prompt, turns and observations together; unset: 1024
+    (needs environment). Each turn is also at most ``generate_max_len`` tokens."""
     # training --------------------------------------------------------------------------------
     train_batch_size: int = attrs.field(default=128, validator=f.positive)
     micro_train_batch_size: int = attrs.field(default=16, validator=f.positive)

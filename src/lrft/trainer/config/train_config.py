@@ -12,6 +12,7 @@ rule.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Mapping
@@ -28,10 +29,11 @@ from lrft.algo import (
     PolicyLossConfig,
     advantage_estimators,
 )
+from lrft.api.episodes import EpisodeBudget
 from lrft.api.errors import ConfigError
 from lrft.api.optim import OptimizerConfig, ScheduleKind, SchedulerConfig
 from lrft.backends.train.lora import LoraSettings
-from lrft.trainer.config import checks, inputs, knobs, media_checks
+from lrft.trainer.config import checks, episodes, inputs, knobs, media_checks
 from lrft.trainer.config.fields import TrainFields
 
 DEFAULT_GAMMA = 1.0
@@ -68,6 +70,7 @@ class TrainConfig(TrainFields):
         checks.check_engine_settings(self)
         checks.check_lora_settings(self)
         knobs.check_knob_settings(self)
+        episodes.check_episode_settings(self)
         media_checks.check_media_settings(self)
 
     def validate_world(self, world_size: int) -> None:
@@ -279,3 +282,21 @@ class TrainConfig(TrainFields):
     def train_backend_name(self) -> str:
         """The registered train backend this config trains with (see ``train_backend``)."""
         return knobs.train_backend_name(self)
+
+    def episode_budget(self) -> EpisodeBudget | None:
+        """Each episode's budget (``max_turns``, ``max_episode_tokens``, ``generate_max_len`` a
+        turn); ``None`` without an environment."""
+        if self.environment is None:
+            return None
+        return EpisodeBudget(
+            max_turns=self.max_turns or episodes.DEFAULT_MAX_TURNS,
+            max_total_tokens=self.max_episode_tokens or episodes.DEFAULT_MAX_EPISODE_TOKENS,
+            max_turn_tokens=self.generate_max_len,
+        )
+
+    def environment_option_values(self) -> dict[str, object]:
+        """``environment_options`` parsed (a JSON object, checked when set); ``{}`` unset."""
+        if self.environment_options is None:
+            return {}
+        options: dict[str, object] = json.loads(self.environment_options)
+        return options

@@ -7,6 +7,7 @@ do not reuse the bare comparisons of :mod:`lrft.api.validators`.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import urllib.parse
@@ -14,6 +15,8 @@ from typing import Any
 
 import attrs
 
+from lrft.agents.registry import environments as environment_registry
+from lrft.agents.registry import tools as tool_registry
 from lrft.algo import AGGREGATION_MODES, advantage_estimators, kl_estimators, policy_losses
 from lrft.api.errors import ConfigError
 from lrft.api.validators import optional, positive_int
@@ -351,3 +354,46 @@ def backend_name(kind: Kind) -> Any:
         )
 
     return check
+
+
+def environment(_: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    """A registered environment (:mod:`lrft.agents.registry`, entry points included), or a
+    factory's ``module:attribute`` path (imported when the trainer is built)."""
+    if value is None or value in environment_registry.names():
+        return
+    module, _, name = value.partition(":")
+    if not (module and name):
+        raise ConfigError(
+            f"{attribute.name} {value!r} is unknown; choose one of "
+            f"{list(environment_registry.names())}, or give a factory as module:attribute "
+            "(or register one under the lrft.environments entry points)"
+        )
+
+
+def tool_names(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``tools``: registered tool names, given as a list, space-separated values or commas."""
+    items = [value] if isinstance(value, str) else list(value)
+    names = tuple(part.strip() for item in items for part in str(item).split(",") if part.strip())
+    known = tool_registry.names()
+    for name in names:
+        if name not in known:
+            raise ConfigError(
+                f"tools: {name!r} is unknown; choose among {list(known)} (or register one under "
+                "the lrft.tools entry points)"
+            )
+    if len(set(names)) != len(names):
+        raise ConfigError(f"tools names a tool twice: {list(names)}")
+    return names
+
+
+def json_object(_: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is None:
+        return
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{attribute.name} is not valid JSON ({error}): {value!r}") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError(
+            f'{attribute.name} must be a JSON object ({{"name": value, ...}}), got {value!r}'
+        )
