@@ -273,3 +273,16 @@ def test_the_python_tool_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_an_unknown_isolation_is_refused() -> None:
     with pytest.raises(ConfigError, match="isolation must be"):
         Sandbox(isolation="docker")  # type: ignore[arg-type]
+
+
+def test_the_root_holds_a_python_installed_under_tmp(tmp_path: Path) -> None:
+    """A venv under /tmp (a checkout there, say) is bound inside /tmp of the root; the root is
+    still built, with /tmp as that path's parent rather than a link to the working directory."""
+    from lrft.agents.sandbox._runner import _skeleton
+
+    root = tmp_path / "root"
+    root.mkdir()
+    _skeleton(root, ["/usr", "/tmp/checkout/.venv"], {}, "/sandbox")
+    assert (root / "tmp" / "checkout" / ".venv").is_dir()
+    assert not (root / "tmp").is_symlink()
+    assert (root / "sandbox").is_dir()

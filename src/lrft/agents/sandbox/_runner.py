@@ -99,7 +99,9 @@ def _skeleton(root: Path, binds: Sequence[str], links: dict[str, str], work: str
         (root / name).mkdir(exist_ok=True)
     for device in DEVICES:
         (root / "dev" / device).touch()
-    if work != "/tmp":
+    # /tmp leads to the working directory unless a bound path lives under it (a Python
+    # installed under /tmp): then it is that path's parent, and TMPDIR still names the work.
+    if work != "/tmp" and not (root / "tmp").exists():
         (root / "tmp").symlink_to(work)
     # Whatever the umask, the sandbox's user must be able to walk to what is mounted here.
     for directory, _, _ in os.walk(root):
