@@ -44,7 +44,8 @@ python -m venv .venv-vllm
 .venv-vllm/bin/pip install -q -c constraints-cpu.txt -e '.[test]'
 set +e
 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest -q --timeout=900 -p no:cacheprovider \
-    tests/conformance/test_vllm_engine.py tests/trainer/test_vllm_torchrun.py
+    tests/conformance/test_vllm_engine.py tests/trainer/test_vllm_torchrun.py \
+    tests/trainer/test_vllm_episodes.py
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then
