@@ -2,6 +2,7 @@
 # The GPU directory in one pytest process, on a machine where nothing can be downloaded.
 #
 #   here, once:   bash scripts/gpu_check.sh prepare      # DeepSpeed and peft wheels into .whl/
+#                 (in lrft's test venv: DeepSpeed's wheel is built against its torch)
 #   GPU machine:  bash scripts/gpu_check.sh run          # carry: [".whl"]
 #
 # `run` installs the carried wheels next to the machine's own torch and transformers (no
@@ -17,11 +18,14 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 
 prepare() {
-    local python="${PYTHON:-python3}"
+    local python="${PYTHON:-python}"
     "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-        -d .whl/ds deepspeed==0.19.8 hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 \
+        -d .whl/ds hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 \
         annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0 || exit 1
+    # DeepSpeed is an sdist whose setup.py imports torch: build its pure-python wheel against the
+    # torch of this environment (lrft's test venv), without build isolation.
+    "$python" -m pip wheel -q --no-deps --no-build-isolation -w .whl/ds deepspeed==0.19.8 || exit 1
     "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --implementation cp --platform manylinux2014_x86_64 -d .whl/peft peft==0.21.2 || exit 1
     echo "ready: carry .whl"
