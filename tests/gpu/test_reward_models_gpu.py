@@ -77,6 +77,7 @@ def phases(root: Path) -> dict[str, Any]:
         enable_engine_sleep=True,
         micro_rollout_batch_size=4,
         n_samples_per_prompt=2,
+        train_batch_size=64,  # the 32 prompts x 2 samples of one iteration
         hf_decode="generate",  # the judge's forwards run as module calls, which the hooks see
     )
     torch.cuda.synchronize(device)

@@ -21,6 +21,7 @@ from lrft.testing.conformance._train_ranks import (
     trainable_model,
     whole_batch,
 )
+from lrft.testing.distributed import current_rank_context
 
 Suite = type[TrainBackendHooks[Any]]
 
@@ -30,7 +31,8 @@ _PADDING_PER_RANK = 64
 
 
 def _total(count: float) -> float:
-    values = torch.tensor([count], dtype=torch.float64)
+    # on the rank's device: NCCL reduces no host tensors
+    values = torch.tensor([count], dtype=torch.float64, device=current_rank_context().device)
     dist.all_reduce(values)
     return float(values.item())
 
