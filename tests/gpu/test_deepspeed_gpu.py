@@ -1,7 +1,7 @@
-"""The ``deepspeed`` backend on NCCL/CUDA at worlds 2 and 4: the CPU suites on GPUs, and device memory
+"""The ``deepspeed`` backend on NCCL/CUDA at worlds 1, 2 and 4: the CPU suites on GPUs, and device memory
 really released by ``offload`` under ZeRO-3 (bf16 parameters, fp32 master weights and AdamW).
 
-Skipped with a reason where deepspeed is not installed or fewer than two CUDA devices are visible.
+Skipped with a reason where deepspeed is not installed or too few CUDA devices are visible.
 Memory is measured with ``torch.cuda.memory_allocated`` on a ~150 M-parameter model, against the
 bytes of the tensors that should leave the device (read from the ZeRO-3 shards and the optimizer).
 """
@@ -25,6 +25,20 @@ from lrft.testing.lora import LoraTrainModels
 from tests.conformance.test_deepspeed import DeepSpeedSuite, DeepSpeedSyncSuite
 
 MIB = 1024 * 1024
+
+
+# World 1 runs where the machine has one GPU: ZeRO's partitioning is trivial there, but its
+# CUDA paths (bf16 parameters, the NCCL group, offload to the host) are the same.
+class TestZero3CudaWorld1(DeepSpeedSuite):
+    zero_stage = 3
+    world_size = 1
+    device_type = "cuda"
+
+
+class TestSyncZero3CudaWorld1(DeepSpeedSyncSuite):
+    zero_stage = 3
+    world_size = 1
+    device_type = "cuda"
 
 
 class TestZero1CudaWorld2(DeepSpeedSuite):
@@ -179,3 +193,7 @@ class TestDeepSpeedMemoryCudaWorld2(DistributedSuite):
                 f"rank {rank}: {f}"
             )
             assert f["frozen_freed_mib"] >= 0.95 * f["frozen_shards_mib"], f"rank {rank}: {f}"
+
+
+class TestDeepSpeedMemoryCudaWorld1(TestDeepSpeedMemoryCudaWorld2):
+    world_size = 1
