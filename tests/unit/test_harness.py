@@ -97,6 +97,14 @@ def _exit_on_rank_one(code: int) -> str:
     return "fine"
 
 
+def _crash_in_c_on_rank_one() -> str:
+    if current_rank_context().rank == 1:
+        import ctypes
+
+        ctypes.string_at(0)  # reads address 0: SIGSEGV inside C code
+    return "ok"
+
+
 def _skip_on(ranks: frozenset[int]) -> str:
     if current_rank_context().rank in ranks:
         pytest.skip("no widget on this rank")
@@ -213,6 +221,20 @@ def test_a_dead_rank_is_reported_with_its_exit_code(failure_pool: RankPool) -> N
     assert _statuses(failure) == {0: "ok", 1: "died"}
     assert failure.reports[1].exit_code == 3
     assert "rank 1 died with exit code 3" in str(failure)
+    assert failure_pool.closed
+
+
+def test_a_rank_that_crashes_in_c_is_reported_with_its_python_stack(
+    failure_pool: RankPool,
+) -> None:
+    with pytest.raises(RankFailure) as caught:
+        failure_pool.run(_crash_in_c_on_rank_one)
+
+    failure = caught.value
+    assert _statuses(failure) == {0: "ok", 1: "died"}
+    assert "rank 1 died with exit code -11 (killed by SIGSEGV)" in str(failure)
+    assert "Segmentation fault" in failure.reports[1].detail
+    assert "in _crash_in_c_on_rank_one" in failure.reports[1].detail
     assert failure_pool.closed
 
 

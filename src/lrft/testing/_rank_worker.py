@@ -85,6 +85,8 @@ def _start_worker(context: RankContext, workdir: Path, timeout_s: float) -> None
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _STACK_FILE = (workdir / f"stack-rank{context.rank}.txt").open("w")
     faulthandler.register(STACK_SIGNAL, file=_STACK_FILE, all_threads=True)
+    # A fatal signal (a crash in C code) dumps the stack too: the parent shows it for the rank.
+    faulthandler.enable(file=_STACK_FILE, all_threads=True)
     torch.set_num_threads(threads_per_rank(context.world_size))
     _wait_for_peers(context, workdir, max(timeout_s, MIN_STARTUP_S))
     rank, size = context.rank, context.world_size

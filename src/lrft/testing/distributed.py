@@ -255,7 +255,13 @@ class RankPool:
         summary = f"died with exit code {code}"
         if code is not None and code < 0:
             summary += f" (killed by {signal.Signals(-code).name})"
-        return RankReport(rank=rank, status="died", summary=summary, exit_code=code), b""
+        # what faulthandler wrote at a fatal signal (a segfault in C code), if it got that far
+        stack = self._workdir / f"stack-rank{rank}.txt"
+        detail = stack.read_text(errors="replace") if _size(stack) > 0 else ""
+        report = RankReport(
+            rank=rank, status="died", summary=summary, detail=detail, exit_code=code
+        )
+        return report, b""
 
     def _dump_stacks(self, ranks: Sequence[int]) -> dict[int, str]:
         """Signal the ranks' faulthandler, then read each dump once it stops growing."""
