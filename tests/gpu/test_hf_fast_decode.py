@@ -66,9 +66,9 @@ def _reference_logits(model: torch.nn.Module, result: GenerationResult) -> torch
     return chosen
 
 
-def test_cuda_default_is_the_compiled_graph_path() -> None:
+def test_cuda_default_is_the_graph_replay_path() -> None:
     engine = HFRolloutEngine(tiny_causal_lm(0), config=HFEngineConfig(device=DEVICE))
-    assert engine.decode_path == "compiled"
+    assert engine.decode_path == "cuda_graph"
     engine.shutdown()
 
 

@@ -366,10 +366,10 @@ FLAGS: tuple[Flag, ...] = (
         group=FlagGroup.ENGINE,
         kind=str,
         choices=HF_DECODE_PATHS,
-        help="the hf engine's decoding path: auto (compiled on CUDA, else generate), generate "
+        help="the hf engine's decoding path: auto (cuda_graph on CUDA, else generate), generate "
         "(transformers' generate), static (static KV cache, no per-token host sync), cuda_graph "
         "(static, each step replayed from a CUDA graph: no compile wait), compiled (static, the "
-        "step compiled by torch.compile: fastest, about a minute to compile on first use)",
+        "step compiled by torch.compile; over a minute to compile on first use)",
     ),
     Flag(
         name="engine_tp_size",

@@ -93,7 +93,8 @@ class HFEngineConfig:
         with every step replayed from a CUDA graph (CUDA devices only). ``compiled``: the static
         loop with its step compiled by ``torch.compile`` (the first call compiles: about 50 s
         for a 0.4 B model on an H200), replayed from CUDA graphs on a CUDA device. ``auto``:
-        ``compiled`` on a CUDA device when the model supports a static cache, else ``generate``.
+        ``cuda_graph`` on a CUDA device when the model supports a static cache, else
+        ``generate``.
     """
 
     dtype: torch.dtype | None = None
@@ -173,7 +174,10 @@ class HFRolloutEngine(EngineAdapter):
         on_cuda = self._device.type == "cuda"
         unsupported = static_decode_unsupported(model)
         if wanted == "auto":
-            wanted = "compiled" if on_cuda and unsupported is None else "generate"
+            # cuda_graph, not compiled: since each row decodes at its own column, the compiled
+            # step is slower than the replayed eager one (W2 on an H200: 8.84 against 5.62 ms a
+            # step, docs/benchmarks.md) and costs a compile of over a minute first
+            wanted = "cuda_graph" if on_cuda and unsupported is None else "generate"
         if wanted == "generate":
             return None
         if unsupported is not None:

@@ -135,7 +135,7 @@ class TrainFields:
     top_p: float = 1.0
     engine_type: str = attrs.field(default="hf", validator=f.engine)
     hf_decode: str = attrs.field(default="auto", validator=f.hf_decode)
-    """The hf engine's decoding path (``HFEngineConfig.decode``); ``auto``: compiled on CUDA."""
+    """The hf engine's decoding path (``HFEngineConfig.decode``); ``auto``: cuda_graph on CUDA."""
     engine_tp_size: int = attrs.field(default=1, validator=f.positive)
     engine_mem_util: float | None = attrs.field(default=None, validator=f.optional_fraction)
     """The vllm engine's share of this rank's device memory (vLLM ``gpu_memory_utilization``);
