@@ -5,15 +5,18 @@ training and held-out splits of a ``datasets`` folder."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from transformers import PreTrainedTokenizerBase
 
+from lrft.api.errors import ConfigError
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.demo.tokenizer import build_tokenizer
 from lrft.trainer.prompts import eval_prompts, load_prompts
+from tests.trainer.fixtures import make_model_folder
 
 ROLES_TEMPLATE = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
 """A chat template that shows each message's role, so a test reads the conversation back."""
@@ -104,3 +107,15 @@ def test_prompt_split_and_eval_split_pick_the_folders_splits(tmp_path: Path) -> 
         ["x1=", "x2=", "x3="],
         ["t1=", "t2="],
     )
+
+
+def test_each_comma_separated_source_must_exist_on_its_own(tmp_path: Path) -> None:
+    # the start-up check looks at each source, not at the comma-joined string
+    first = _jsonl(tmp_path / "a.jsonl", ["1+1="])
+    second = _jsonl(tmp_path / "b.jsonl", ["2+2="])
+    model = str(make_model_folder(tmp_path / "model"))
+    TrainConfig(pretrain=model, reward_fn="math", prompt_data=f"{first},{second}").validate_inputs()
+    missing = tmp_path / "c.jsonl"
+    config = TrainConfig(pretrain=model, reward_fn="math", prompt_data=f"{first},{missing}")
+    with pytest.raises(ConfigError, match=rf"--prompt_data '{re.escape(str(missing))}': no such"):
+        config.validate_inputs()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from lrft.api.errors import ConfigError
 from lrft.trainer.config.fields import TrainFields
+from lrft.trainer.config.knobs import prompt_sources
 
 MODEL_CONFIG = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -128,7 +129,9 @@ def validate_inputs(config: TrainFields) -> None:
     if config.critic_pretrain is not None:
         # The critic is scored on the actor's tokens: it needs no tokenizer of its own.
         check_model_folder("critic_pretrain", config.critic_pretrain, tokenizer=False)
-    _check_exists("prompt_data", config.prompt_data, _DATA)
+    # each of LightRFT's comma-separated sources, named alone when it is missing
+    for source in prompt_sources(config.prompt_data):
+        _check_exists("prompt_data", source, _DATA)
     _check_exists("eval_dataset", config.eval_dataset, _DATA)
     _check_exists("deepspeed_config", config.deepspeed_config, "a DeepSpeed JSON file")
     _check_exists("reward_recipes", config.reward_recipes, "a JSON or YAML file of recipes")
