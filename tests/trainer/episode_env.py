@@ -36,3 +36,18 @@ class Relay:
                 observation_token_ids=self._encode(OBSERVATION), reward=FIRST_TURN_REWARD
             )
         return StepResult(done=True)
+
+
+class ToolRelay(Relay):
+    """:class:`Relay` whose observation is what each offered tool answers to ``2+3`` (a random
+    model never calls a tool): ``--tools`` decides what the model reads after its first turn."""
+
+    def __init__(self, setup: EnvironmentSetup) -> None:
+        super().__init__(setup)
+        self.tools = setup.tools
+
+    def step(self, turn: ModelTurn) -> StepResult:
+        if turn.index == 0:
+            answers = "".join(f"{tool.name}:{tool.run('2+3').output}" for tool in self.tools)
+            return StepResult(observation_token_ids=self._encode(f"\n{answers}"))
+        return StepResult(done=True)
