@@ -18,7 +18,6 @@ another rate. Every error names the row, the data file and the clip.
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -26,6 +25,7 @@ import torch
 
 from lrft.api.media import AudioClip
 from lrft.data.errors import PromptDataError
+from lrft.data.located import LocatedSource, locate_encoded, row_sources
 from lrft.data.sources import import_optional
 
 AUDIO_MARKER = "<audio>"
@@ -33,52 +33,19 @@ AUDIO_MARKER = "<audio>"
 
 
 @attrs.frozen(kw_only=True, eq=False)
-class AudioSource:
-    """Where one clip of a row comes from: exactly one of ``path`` or ``data``.
-
-    ``label`` names it in messages (the path as written, or ``bytes (N B)``), ``item`` its
-    place in the row (``'audios' item 1``)."""
-
-    label: str
-    item: str = ""
-    path: Path | None = None
-    data: bytes | None = None
-
-    def describe(self) -> str:
-        if self.path is not None and self.label != str(self.path):
-            return f"{self.label!r} ({self.path})"
-        return repr(self.label) if self.path is not None else self.label
+class AudioSource(LocatedSource):
+    """Where one clip of a row comes from: exactly one of ``path`` or ``data``."""
 
 
 def audio_sources(value: object, *, base: Path, where: str, key: str) -> tuple[AudioSource, ...]:
     """The clips of a row's ``key`` column (one item or a list; ``None`` is no clip)."""
-    if value is None:
-        return ()
-    items: Sequence[object] = value if isinstance(value, list | tuple) else [value]
-    sources = []
-    for index, item in enumerate(items):
-        place = f"{key!r} item {index}"
-        source = _source(item, base=base, where=f"{where}, {place}")
-        sources.append(attrs.evolve(source, item=place))
-    return tuple(sources)
+    return row_sources(value, key=key, where=where, locate=lambda item, at: _source(item, base, at))
 
 
-def _source(item: object, *, base: Path, where: str) -> AudioSource:
-    if isinstance(item, Mapping) and set(item) <= {"bytes", "path"}:
-        data, path = item.get("bytes"), item.get("path")
-        if data is not None:
-            return _source(data, base=base, where=where)
-        if path is not None:
-            return _source(path, base=base, where=where)
-        raise PromptDataError(f"{where}: an audio record with neither bytes nor a path")
-    if isinstance(item, str):
-        if not item:
-            raise PromptDataError(f"{where}: an empty audio path")
-        path = Path(item).expanduser()
-        return AudioSource(label=item, path=path if path.is_absolute() else base / path)
-    if isinstance(item, bytes | bytearray | memoryview):
-        data = bytes(item)
-        return AudioSource(label=f"bytes ({len(data)} B)", data=data)
+def _source(item: object, base: Path, where: str) -> AudioSource:
+    found = locate_encoded(item, base=base, where=where, noun="audio", make=AudioSource)
+    if found is not None:
+        return found
     raise PromptDataError(
         f"{where}: an audio clip must be a path, bytes or a {{'bytes', 'path'}} record, "
         f"got {type(item).__name__} ({item!r:.60})"

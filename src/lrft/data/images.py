@@ -17,7 +17,6 @@ the data file and the image. Pillow is imported on first use.
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +24,7 @@ import attrs
 
 from lrft.api.media import is_pil_image
 from lrft.data.errors import PromptDataError
+from lrft.data.located import LocatedSource, locate_encoded, row_sources
 from lrft.data.sources import import_optional
 
 if TYPE_CHECKING:
@@ -36,55 +36,21 @@ a much larger one is more likely a mistake or a decompression bomb than a prompt
 
 
 @attrs.frozen(kw_only=True, eq=False)
-class ImageSource:
-    """Where one image of a row comes from: exactly one of ``path``, ``data`` or ``image``.
+class ImageSource(LocatedSource):
+    """Where one image of a row comes from: exactly one of ``path``, ``data`` or ``image``."""
 
-    ``label`` names it in messages (the path as written, or ``bytes (N B)``), ``item`` its
-    place in the row (``'images' item 2``)."""
-
-    label: str
-    item: str = ""
-    path: Path | None = None
-    data: bytes | None = None
     image: PILImage | None = None
-
-    def describe(self) -> str:
-        if self.path is not None and self.label != str(self.path):
-            return f"{self.label!r} ({self.path})"
-        return repr(self.label) if self.path is not None else self.label
 
 
 def image_sources(value: object, *, base: Path, where: str, key: str) -> tuple[ImageSource, ...]:
     """The images of a row's ``key`` column (one item or a list; ``None`` is no image)."""
-    if value is None:
-        return ()
-    items: Sequence[object] = (
-        value if isinstance(value, list | tuple) else [value]  # one image, or a list of them
-    )
-    sources = []
-    for index, item in enumerate(items):
-        place = f"{key!r} item {index}"
-        source = _source(item, base=base, where=f"{where}, {place}")
-        sources.append(attrs.evolve(source, item=place))
-    return tuple(sources)
+    return row_sources(value, key=key, where=where, locate=lambda item, at: _source(item, base, at))
 
 
-def _source(item: object, *, base: Path, where: str) -> ImageSource:
-    if isinstance(item, Mapping) and set(item) <= {"bytes", "path"}:
-        data, path = item.get("bytes"), item.get("path")
-        if data is not None:
-            return _source(data, base=base, where=where)
-        if path is not None:
-            return _source(path, base=base, where=where)
-        raise PromptDataError(f"{where}: an image record with neither bytes nor a path")
-    if isinstance(item, str):
-        if not item:
-            raise PromptDataError(f"{where}: an empty image path")
-        path = Path(item).expanduser()
-        return ImageSource(label=item, path=path if path.is_absolute() else base / path)
-    if isinstance(item, bytes | bytearray | memoryview):
-        data = bytes(item)
-        return ImageSource(label=f"bytes ({len(data)} B)", data=data)
+def _source(item: object, base: Path, where: str) -> ImageSource:
+    found = locate_encoded(item, base=base, where=where, noun="image", make=ImageSource)
+    if found is not None:
+        return found
     if is_pil_image(item):
         return ImageSource(label="a PIL image", image=item)  # type: ignore[arg-type]  # checked by is_pil_image
     raise PromptDataError(
