@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen2AudioConfig
 
 from lrft.api.media import AudioClip
-from lrft.testing.models import INITIALIZER_RANGE
+from lrft.testing.models import INITIALIZER_RANGE, byte_tokenizer, seeded_model
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
@@ -97,26 +96,12 @@ def tiny_audio_lm(seed: int = 0, **heads: int) -> PreTrainedModel:
     from transformers import Qwen2AudioForConditionalGeneration
 
     config = tiny_audio_lm_config(**heads)
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(seed)
-        model = Qwen2AudioForConditionalGeneration(config)
-        for parameter in model.parameters():
-            if bool((parameter == parameter.flatten()[0]).all()):
-                parameter.add_(torch.randn_like(parameter), alpha=0.05)
-    torch.nn.Module.eval(model)  # PreTrainedModel re-declares eval without annotations
-    return model
+    return seeded_model(lambda: Qwen2AudioForConditionalGeneration(config), seed)
 
 
 def audio_lm_tokenizer() -> PreTrainedTokenizerFast:
     """Byte-level with no merges (one token per byte), then EOS, padding and the audio tokens."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    backend = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(alphabet)}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([EOS_TOKEN, PAD_TOKEN, *AUDIO_TOKENS])
-    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # unannotated in transformers
-        tokenizer_object=backend, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN
-    )
+    tokenizer = byte_tokenizer([EOS_TOKEN, PAD_TOKEN, *AUDIO_TOKENS], eos=EOS_TOKEN, pad=PAD_TOKEN)
     tokenizer.chat_template = CHAT_TEMPLATE
     assert len(tokenizer) == VOCAB_SIZE, f"{len(tokenizer)} tokens, expected {VOCAB_SIZE}"
     audio_id = tokenizer.convert_tokens_to_ids("<|AUDIO|>")

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import torch
-from transformers import PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+M = TypeVar("M", bound=torch.nn.Module)
 
 VOCAB_SIZE = 256
 
@@ -63,14 +68,36 @@ def tiny_causal_lm(
         num_key_value_heads=num_key_value_heads,
     )
     config.initializer_range = INITIALIZER_RANGE
+    return seeded_model(lambda: Qwen2ForCausalLM(config), seed)
+
+
+def seeded_model(build: Callable[[], M], seed: int) -> M:
+    """``build()`` under ``seed`` (the caller's RNG left as it was), in eval mode, with every
+    constant tensor (norm weights at 1, biases at 0) perturbed: two seeds then differ in every
+    tensor, so a load that skips one is visible."""
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        model = build()
         for parameter in model.parameters():
             if bool((parameter == parameter.flatten()[0]).all()):
                 parameter.add_(torch.randn_like(parameter), alpha=0.05)
     torch.nn.Module.eval(model)  # PreTrainedModel re-declares eval without annotations
     return model
+
+
+def byte_tokenizer(special_tokens: Sequence[str], *, eos: str, pad: str) -> PreTrainedTokenizerFast:
+    """Byte-level with no merges (one token per byte), then ``special_tokens`` in order (the
+    EOS and padding tokens among them): ids that a tiny model's config can name."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(list(special_tokens))
+    # transformers 5 aliases PreTrainedTokenizerFast to TokenizersBackend, whose __init__ takes
+    # unannotated (*args, **kwargs).
+    return PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # unannotated in transformers
+        tokenizer_object=backend, eos_token=eos, pad_token=pad
+    )
 
 
 def save_tiny_causal_lm(

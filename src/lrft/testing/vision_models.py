@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast, Qwen2VLConfig
 
-from lrft.testing.models import INITIALIZER_RANGE
+from lrft.testing.models import INITIALIZER_RANGE, byte_tokenizer, seeded_model
 
 if TYPE_CHECKING:
     from PIL.Image import Image as PILImage
@@ -105,28 +104,12 @@ def tiny_vlm(seed: int = 0, **heads: int) -> PreTrainedModel:
     from transformers import Qwen2VLForConditionalGeneration
 
     config = tiny_vlm_config(**heads)
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration(config)
-        for parameter in model.parameters():
-            if bool((parameter == parameter.flatten()[0]).all()):
-                parameter.add_(torch.randn_like(parameter), alpha=0.05)
-    torch.nn.Module.eval(model)  # PreTrainedModel re-declares eval without annotations
-    return model
+    return seeded_model(lambda: Qwen2VLForConditionalGeneration(config), seed)
 
 
 def vlm_tokenizer() -> PreTrainedTokenizerFast:
     """Byte-level with no merges (one token per byte), then EOS, padding and the vision tokens."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    backend = Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(alphabet)}, merges=[]))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([EOS_TOKEN, PAD_TOKEN, *VISION_TOKENS])
-    # transformers 5 aliases PreTrainedTokenizerFast to TokenizersBackend, whose __init__ takes
-    # unannotated (*args, **kwargs).
-    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]  # unannotated in transformers
-        tokenizer_object=backend, eos_token=EOS_TOKEN, pad_token=PAD_TOKEN
-    )
+    tokenizer = byte_tokenizer([EOS_TOKEN, PAD_TOKEN, *VISION_TOKENS], eos=EOS_TOKEN, pad=PAD_TOKEN)
     tokenizer.chat_template = CHAT_TEMPLATE
     assert len(tokenizer) == VOCAB_SIZE, f"{len(tokenizer)} tokens, expected {VOCAB_SIZE}"
     image_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
