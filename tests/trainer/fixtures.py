@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
 from lrft.testing.models import INITIALIZER_RANGE, tiny_qwen2_config
 from lrft.trainer.demo.task import AdditionTask, write_jsonl
@@ -23,6 +23,20 @@ def make_model_folder(directory: Path, seed: int = 0) -> Path:
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
     directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    build_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def make_reward_model(directory: Path) -> Path:
+    """A random one-label Qwen2 classifier over the demo tokenizer, saved with it."""
+    config = tiny_qwen2_config(vocab_size=VOCAB_SIZE)
+    config.num_labels = 1
+    config.pad_token_id = PAD_ID
+    config.initializer_range = INITIALIZER_RANGE
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(7)
+        model = Qwen2ForSequenceClassification(config)  # type: ignore[no-untyped-call]  # unannotated in transformers
     model.save_pretrained(directory)
     build_tokenizer().save_pretrained(directory)
     return directory

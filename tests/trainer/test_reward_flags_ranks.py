@@ -13,7 +13,6 @@ import torch
 from transformers import (
     AutoModelForSequenceClassification,
     AutoTokenizer,
-    Qwen2ForSequenceClassification,
 )
 
 from lrft.api.types import Location
@@ -21,14 +20,18 @@ from lrft.cli import config_from_args
 from lrft.dist import RankInfo
 from lrft.rewards import CombinedReward, MathVerifyReward, RewardSample, compute_rewards
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
-from lrft.testing.models import INITIALIZER_RANGE, tiny_qwen2_config
 from lrft.trainer.build import build_trainer
-from lrft.trainer.demo.tokenizer import PAD_ID, VOCAB_SIZE, build_tokenizer
 from lrft.trainer.presets import SMOLLM2_TASK
 from lrft.trainer.presets.word_problems import INSTRUCTION
 from lrft.trainer.rewards import ColocatedRewardModel
 from lrft.trainer.trainer import RLTrainer
-from tests.trainer.fixtures import base_args, digit_fraction, make_model_folder, make_prompt_files
+from tests.trainer.fixtures import (
+    base_args,
+    digit_fraction,
+    make_model_folder,
+    make_prompt_files,
+    make_reward_model,
+)
 from tests.unit.rewards.test_remote import ScriptedServer, length_scores
 
 WEIGHTS = (0.5, 2.0, 0.25)  # reward_fn, reward_pretrain, remote_rm_url
@@ -39,20 +42,6 @@ SAMPLES = [
     RewardSample(prompt="20+22=", response="42!"),
     RewardSample(prompt="1+1=", response="2 2 2 2"),
 ]
-
-
-def make_reward_model(directory: Path) -> Path:
-    """A random one-label Qwen2 classifier over the demo tokenizer, saved with it."""
-    config = tiny_qwen2_config(vocab_size=VOCAB_SIZE)
-    config.num_labels = 1
-    config.pad_token_id = PAD_ID
-    config.initializer_range = INITIALIZER_RANGE
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(7)
-        model = Qwen2ForSequenceClassification(config)  # type: ignore[no-untyped-call]  # unannotated in transformers
-    model.save_pretrained(directory)
-    build_tokenizer().save_pretrained(directory)
-    return directory
 
 
 def _build(root: Path, extra: list[str]) -> RLTrainer:

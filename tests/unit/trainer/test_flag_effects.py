@@ -18,11 +18,9 @@ from pathlib import Path
 
 import attrs
 import pytest
-import torch
-from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
 from lrft.cli.flags import FLAGS
-from lrft.trainer.demo.tokenizer import PAD_ID, VOCAB_SIZE, build_tokenizer
+from tests.trainer.fixtures import make_reward_model
 from tests.unit.trainer.flag_probe import (
     ProbeInputs,
     Record,
@@ -247,24 +245,6 @@ class Inputs(ProbeInputs):
     recipes: Path
 
 
-def _reward_model(directory: Path) -> Path:
-    config = Qwen2Config(
-        vocab_size=VOCAB_SIZE,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        pad_token_id=PAD_ID,
-    )
-    config.num_labels = 1
-    torch.manual_seed(3)
-    # unannotated in transformers
-    Qwen2ForSequenceClassification(config).save_pretrained(directory)  # type: ignore[no-untyped-call]
-    build_tokenizer().save_pretrained(directory)
-    return directory
-
-
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory: pytest.TempPathFactory) -> Inputs:
     root = tmp_path_factory.mktemp("flag_inputs")
@@ -278,7 +258,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Inputs:
         held_out=held_out,
         splits=splits,
         other_model=make_probe_model(root / "other_model", seed=1),
-        reward_model=_reward_model(root / "reward_model"),
+        reward_model=make_reward_model(root / "reward_model"),
         recipes=recipes,
     )
 
