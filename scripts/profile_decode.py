@@ -135,7 +135,9 @@ def ragged_rollouts(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default="w2")
-    parser.add_argument("--decode", default="compiled")
+    parser.add_argument(
+        "--decode", default="auto", help="the hf engine's path (lrft train's: auto)"
+    )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--profile_tokens", type=int, default=64)
     parser.add_argument("--top", type=int, default=25)
@@ -185,6 +187,7 @@ def main() -> None:
             device=device, dtype=torch.bfloat16, max_batch_size=rows, decode=args.decode
         ),
     )
+    result["decode"] = engine.decode_path  # what auto resolved to
     start = time.perf_counter()
     engine.generate(requests, params)
     result["first_call_s"] = round(time.perf_counter() - start, 2)
