@@ -28,6 +28,7 @@ from lrft.cli.eval import add_eval_parser, eval_main
 from lrft.cli.flags import FLAGS, Flag, FlagGroup, shown_default
 from lrft.cli.lightrft import translate
 from lrft.cli.train_rm import add_train_rm_parser, train_rm_main
+from lrft.dist.init import close_distributed
 from lrft.redaction import redact
 from lrft.trainer.config import TrainConfig
 from lrft.trainer.config.validators import plugin_modules
@@ -193,12 +194,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     (``exitcode : 2``), with the line printed here as its ``traceback``.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:
-        return bench_main(argv)
-    if argv[:1] == ["train-rm"]:
-        return train_rm_main(argv)
-    if argv[:1] == ["eval"]:
-        return eval_main(argv)
+    commands = {"bench": bench_main, "train-rm": train_rm_main, "eval": eval_main}
+    code = commands.get(argv[0] if argv else "", _train_main)(argv)
+    if code == 0:
+        close_distributed()  # every rank got here: none exits while a peer still talks to it
+    return code
+
+
+def _train_main(argv: list[str]) -> int:
     rank = os.environ.get("RANK", "0")
     try:
         config = config_from_args(argv)

@@ -11,7 +11,7 @@ from lrft.dist.collectives import (
     sum_over_ranks,
     tp_group_generate,
 )
-from lrft.dist.init import DEFAULT_TIMEOUT, backend_for, init_distributed
+from lrft.dist.init import DEFAULT_TIMEOUT, backend_for, close_distributed, init_distributed
 from lrft.dist.layout import RolloutGroups, RolloutLayout
 from lrft.dist.rank import RankInfo
 from lrft.dist.watchdog import PhaseWatch, is_collective_timeout
@@ -28,6 +28,7 @@ __all__ = [
     "all_gather_objects",
     "backend_for",
     "broadcast_object",
+    "close_distributed",
     "init_distributed",
     "is_collective_timeout",
     "mean_over_ranks",

@@ -47,3 +47,18 @@ def init_distributed(
         timeout=timeout,
     )
     return info
+
+
+def close_distributed() -> None:
+    """Leave the default process group: wait until every rank is here, then destroy the group.
+
+    Collective; call it once a run has ended well on every rank (a failed rank's peers are
+    stopped by torchrun instead). Without it the rank that finishes first exits while its peers'
+    groups still hold connections to it, and a peer can abort in the C++ runtime as its
+    interpreter tears the live group down ("terminate called without an active exception").
+    A no-op when no group exists.
+    """
+    if not dist.is_initialized():
+        return
+    dist.barrier()
+    dist.destroy_process_group()
