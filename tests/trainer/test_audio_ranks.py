@@ -38,7 +38,7 @@ from lrft.testing.reference import load_reference_vlm, media_token_logprobs, tok
 from lrft.trainer.logprobs import response_logprobs
 from lrft.trainer.sequences import Sequences, pack
 from tests.trainer.fixtures import REWARD_FLAG
-from tests.trainer.test_media_backends import BACKENDS, _backend
+from tests.trainer.test_media_backends import BACKENDS, _backend, check_uneven, uneven_step
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,38 +168,13 @@ def _frozen_tower_step(root: Path) -> dict[str, object]:
 
 
 def _uneven_ranks(root: Path, backend_name: str) -> dict[str, float]:
-    """Rank 0's rows hold 1, 0, 2 and 1 clips; every other rank's one text row only. The
-    actor's logprobs against the reference, and one step's gradient norm against the plain
-    model's on all ranks' rows (the mean of the ranks' losses)."""
-    context = current_rank_context()
+    """:func:`uneven_step` over rows with 1, 0, 2 and 1 clips."""
     model_dir = _prepare(root)
-    prompts, sequences = _rows(model_dir)
-    wanted = _reference(model_dir, prompts)
-    if context.rank != 0:
-        text_row = torch.tensor([1])
-        sequences, wanted = sequences.select(text_row), [wanted[1]]
+    prompts, rows = _rows(model_dir)
     actor = _backend(backend_name).prepare_trainable(
         load_generative_model(model_dir, dtype=torch.float32), optimizer=OptimizerConfig(lr=1e-3)
     )
-    logprobs = response_logprobs(actor.module, sequences, temperature=1.0, device=CPU)
-    gap = _gap(logprobs.detach(), wanted)
-    actor.backward(-logprobs.sum())
-    report = actor.step()
-    # the plain model on every rank's rows, each rank's loss averaged as FSDP2 averages them
-    _, everything = _rows(model_dir)
-    plain = load_reference_vlm(model_dir)
-    losses = [-response_logprobs(plain, everything, temperature=1.0, device=CPU).sum()]
-    text_row = torch.tensor([1])
-    for _ in range(1, context.world_size):
-        losses.append(
-            -response_logprobs(
-                plain, everything.select(text_row), temperature=1.0, device=CPU
-            ).sum()
-        )
-    torch.autograd.backward(torch.stack(losses).mean())
-    grads = [p.grad.double() for p in plain.parameters() if p.grad is not None]
-    plain_norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
-    return {"gap": gap, "grad_norm": float(report.grad_norm), "plain_grad_norm": plain_norm}
+    return uneven_step(actor, rows, _reference(model_dir, prompts), load_reference_vlm(model_dir))
 
 
 class _AudioBackendChecks(DistributedSuite):
@@ -207,10 +182,7 @@ class _AudioBackendChecks(DistributedSuite):
     def test_ranks_with_and_without_clips(
         self, pool: RankPool, tmp_path: Path, backend: str
     ) -> None:
-        root = pool.shared_dir / tmp_path.name
-        for result in pool.run(_uneven_ranks, root, backend):
-            assert result["gap"] < 2e-5, result
-            assert result["grad_norm"] == pytest.approx(result["plain_grad_norm"], rel=1e-5)
+        check_uneven(pool.run(_uneven_ranks, pool.shared_dir / tmp_path.name, backend))
 
     @pytest.mark.parametrize("backend", BACKENDS)
     def test_response_logprobs_equal_a_plain_forward(

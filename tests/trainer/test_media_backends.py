@@ -3,7 +3,10 @@ sharded), on 1 and 2 gloo ranks: the actor's and the reference's response logpro
 with 0, 1 and 2 images equal a plain transformers forward of each unpadded sequence (the
 independent reference: :func:`lrft.testing.reference.media_token_logprobs`, which lets
 transformers place the tokens itself), and one optimizer step with the vision tower frozen
-leaves every tower weight bit-identical while the projector and the language model move."""
+leaves every tower weight bit-identical while the projector and the language model move. Ranks
+whose micro-batches hold images on one rank and none on the other compute the reference's
+logprobs and step with the plain model's gradient: the rank without images runs the tower over an
+idle image (without it the sharded tower's collectives mismatch)."""
 
 from __future__ import annotations
 
@@ -15,8 +18,12 @@ import torch
 
 from lrft.api import GenerationResult
 from lrft.api.optim import OptimizerConfig
-from lrft.api.protocols import TrainBackend
-from lrft.backends.media import freeze_vision_tower, load_generative_model
+from lrft.api.protocols import TrainableModel, TrainBackend
+from lrft.backends.media import (
+    freeze_vision_tower,
+    keep_vision_tower_running,
+    load_generative_model,
+)
 from lrft.testing.conformance._rollout_media_checks import MediaPrompt, media_prompts
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.testing.reference import load_reference_vlm, media_token_logprobs, token_logprobs
@@ -169,6 +176,54 @@ def _check_frozen(result: dict[str, object]) -> None:
     assert moved & set(language), "the language model must train"
 
 
+TEXT_ROW = torch.tensor([1])
+"""The row of ``_rows`` (here and in the audio tests) without media."""
+
+
+def uneven_step(
+    actor: TrainableModel,
+    rows: Sequences,
+    wanted: list[list[float]],
+    plain: torch.nn.Module,
+) -> dict[str, float]:
+    """Rank 0 takes every row of ``rows``, every other rank its text row only: the gap of the
+    actor's logprobs to ``wanted`` (the reference's), and one step's gradient norm beside the
+    plain model's on all ranks' rows (the mean of the ranks' losses, as the backends average)."""
+    world = current_rank_context()
+    mine, want = (rows, wanted) if world.rank == 0 else (rows.select(TEXT_ROW), [wanted[1]])
+    logprobs = response_logprobs(actor.module, mine, temperature=1.0, device=CPU)
+    gap = max(
+        float((logprobs[row, : len(w)].detach() - torch.tensor(w)).abs().max())
+        for row, w in enumerate(want)
+    )
+    actor.backward(-logprobs.sum())
+    report = actor.step()
+    losses = [-response_logprobs(plain, rows, temperature=1.0, device=CPU).sum()]
+    text = rows.select(TEXT_ROW)
+    for _ in range(1, world.world_size):
+        losses.append(-response_logprobs(plain, text, temperature=1.0, device=CPU).sum())
+    torch.autograd.backward(torch.stack(losses).mean())
+    grads = [p.grad.double() for p in plain.parameters() if p.grad is not None]
+    plain_norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+    return {"gap": gap, "grad_norm": float(report.grad_norm), "plain_grad_norm": plain_norm}
+
+
+def check_uneven(results: list[dict[str, float]]) -> None:
+    for result in results:
+        assert result["gap"] < 2e-5, result
+        assert result["grad_norm"] == pytest.approx(result["plain_grad_norm"], rel=1e-5)
+
+
+def _uneven_ranks(root: Path, backend_name: str) -> dict[str, float]:
+    """:func:`uneven_step` over rows with 1, 0, 2 and 1 images, the tower kept running."""
+    model_dir = _prepare(root)
+    prompts, rows = _rows(model_dir)
+    model = load_generative_model(model_dir, dtype=torch.float32)
+    assert keep_vision_tower_running(model)
+    actor = _backend(backend_name).prepare_trainable(model, optimizer=OptimizerConfig(lr=1e-3))
+    return uneven_step(actor, rows, _reference(model_dir, prompts), load_reference_vlm(model_dir))
+
+
 class _MediaBackendChecks(DistributedSuite):
     @pytest.mark.parametrize("backend", BACKENDS)
     def test_response_logprobs_equal_a_plain_forward(
@@ -179,6 +234,12 @@ class _MediaBackendChecks(DistributedSuite):
             assert actor_gap < 2e-5, actor_gap
             assert reference_gap < 2e-5, reference_gap
             assert padding_zero
+
+    @pytest.mark.parametrize("backend", BACKENDS)
+    def test_ranks_with_and_without_images(
+        self, pool: RankPool, tmp_path: Path, backend: str
+    ) -> None:
+        check_uneven(pool.run(_uneven_ranks, pool.shared_dir / tmp_path.name, backend))
 
     @pytest.mark.parametrize("backend", BACKENDS)
     def test_a_frozen_vision_tower_stays_as_loaded(

@@ -183,6 +183,66 @@ def idle_audio_inputs(model: torch.nn.Module, device: torch.device) -> dict[str,
     }
 
 
+def idle_image_inputs(model: torch.nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
+    """``pixel_values`` and ``image_grid_thw`` of one blank image of the smallest grid a
+    Qwen2-VL-style vision tower reads (one merge window: ``spatial_merge_size`` squared
+    patches, one output token); empty for a model without such a tower."""
+    config = getattr(_config(model), "vision_config", None)
+    merge = getattr(config, "spatial_merge_size", None)
+    if config is None or merge is None:
+        return {}
+    channels = int(getattr(config, "in_channels", getattr(config, "in_chans", 3)))
+    width = channels * int(config.temporal_patch_size) * int(config.patch_size) ** 2
+    return {
+        "pixel_values": torch.zeros((int(merge) ** 2, width), device=device),
+        "image_grid_thw": torch.tensor([[1, int(merge), int(merge)]], device=device),
+    }
+
+
+def keep_vision_tower_running(model: torch.nn.Module) -> bool:
+    """Hook ``model`` (a Qwen2-VL-style model: ``model.language_model`` under the model or its
+    ``model``) so that a forward without images runs the vision tower too; returns whether it
+    was hooked (``False`` for a model without a vision tower).
+
+    The audio encoder's counterpart, :func:`idle_audio_inputs`, works through the forward's
+    arguments; Qwen2-VL refuses image features without image tokens in the text, so here a hook
+    runs the tower over :func:`idle_image_inputs` just before the language model and adds the
+    features x 0 to its input embeddings: the logits stay the text model's, the tower and
+    projector get zero gradients, and its sharded weights are gathered in the same order as on a
+    rank whose micro-batch holds images (the tower runs before the decoder layers on both)."""
+    inner = getattr(model, "module", model)
+    backbone = getattr(inner, "model", inner)
+    language = getattr(backbone, "language_model", None)
+    features = getattr(backbone, "get_image_features", None)
+    if not isinstance(language, torch.nn.Module) or features is None:
+        return False
+    if not idle_image_inputs(model, torch.device("cpu")):
+        return False
+    with_images = [False]
+
+    def note_images(_: torch.nn.Module, args: Any, kwargs: dict[str, Any]) -> None:
+        # transformers' own classes pass the media by keyword
+        media = (kwargs.get(name) for name in ("pixel_values", "pixel_values_videos"))
+        with_images[0] = any(value is not None for value in media)
+
+    def run_idle_tower(
+        _: torch.nn.Module, args: Any, kwargs: dict[str, Any]
+    ) -> tuple[Any, dict[str, Any]] | None:
+        embeds = kwargs.get("inputs_embeds")
+        if with_images[0] or embeds is None:
+            return None
+        idle = idle_image_inputs(model, embeds.device)
+        output = features(idle["pixel_values"], idle["image_grid_thw"], return_dict=True)
+        pooled = output.pooler_output
+        pooled = torch.cat(list(pooled)) if isinstance(pooled, list | tuple) else pooled
+        kwargs["inputs_embeds"] = embeds + pooled.sum().to(embeds.dtype) * 0.0
+        return args, kwargs
+
+    backbone.register_forward_pre_hook(note_images, with_kwargs=True)
+    language.register_forward_pre_hook(run_idle_tower, with_kwargs=True)
+    return True
+
+
 def media_patches(media: ProcessedMedia | None) -> int:
     """The positions a prompt's media encoder reads (0 without media): its largest input, in
     rows of a 2-D input (Qwen2-VL's ``pixel_values``: patches) or items x last dimension of a

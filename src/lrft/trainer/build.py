@@ -25,7 +25,12 @@ from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, TrainBackend, WeightSync
 from lrft.api.types import ModelPart, SamplingParams
 from lrft.backends import registry
-from lrft.backends.media import freeze_audio_tower, freeze_vision_tower, load_generative_model
+from lrft.backends.media import (
+    freeze_audio_tower,
+    freeze_vision_tower,
+    keep_vision_tower_running,
+    load_generative_model,
+)
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync.direct import DEFAULT_BUCKET_BYTES, DirectSync
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
@@ -168,6 +173,7 @@ def build_critic(
     path = config.critic_pretrain if config.critic_pretrain is not None else config.pretrain
     assert path is not None
     model = load_critic(path, seed=config.seed, attn_implementation=config.attn_implementation)
+    keep_vision_tower_running(model)  # as the actor's (see causal_lm)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()  # type: ignore[no-untyped-call]  # unannotated in transformers
     critic = backend.prepare_trainable(
@@ -244,11 +250,15 @@ def experience_maker(
 def causal_lm(config: TrainConfig) -> torch.nn.Module:
     """``pretrain``'s generative model (a causal LM, or a vision-language model's
     image-text-to-text class) in fp32 with the configured attention kernel (actor and
-    reference)."""
+    reference). A vision-language model runs its vision tower in every forward, also over a
+    micro-batch without images, so that its sharded ranks' collectives match
+    (:func:`lrft.backends.media.keep_vision_tower_running`)."""
     assert config.pretrain is not None
-    return load_generative_model(
+    model = load_generative_model(
         config.pretrain, dtype=torch.float32, attn_implementation=config.attn_implementation
     )
+    keep_vision_tower_running(model)
+    return model
 
 
 def _check_outputs(config: TrainConfig, rank: int) -> None:

@@ -263,3 +263,25 @@ def test_fire_continues_image_requests_with_their_media(
                 torch.tensor(result.logprobs[1:]), torch.tensor(want[1:]), atol=2e-6, rtol=0
             )
     assert any(getattr(r, "media", None) is not None for r in continuations)
+
+
+def test_the_trainers_vlm_runs_its_tower_on_text_rows_without_changing_them(
+    vlm_dir: Path,
+) -> None:
+    from lrft.trainer.build import causal_lm
+    from lrft.trainer.config import TrainConfig
+
+    model = causal_lm(TrainConfig(pretrain=str(vlm_dir), prompt_data="p.jsonl", reward_fn="math"))
+    tower = vision_tower(model)
+    assert tower is not None
+    runs: list[int] = []
+    tower.register_forward_hook(lambda *_: runs.append(1))
+    ids = torch.tensor([[5, 6, 7, 8]])
+    logits = model(input_ids=ids).logits
+    assert runs == [1]  # a sharded tower's ranks all gather its weights, with or without images
+    assert torch.equal(logits, load_reference_vlm(vlm_dir)(input_ids=ids).logits)
+    torch.autograd.backward(logits.sum())
+    assert all(p.grad is not None and not p.grad.any() for p in tower.parameters())
+    prompts = [p for p in media_prompts(vlm_dir, rank=0) if p.processed is not None]
+    model(**forward_inputs(model, _sequences(_sampled(vlm_dir, prompts), prompts), CPU))
+    assert runs == [1, 1]  # a batch with images runs it once, as transformers does
