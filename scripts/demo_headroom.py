@@ -22,17 +22,17 @@ import attrs
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from lrft.rewards.base import RewardSample, compute_rewards
-from lrft.trainer.demo.model import (
+from lrft.demos.model import (
     ASSETS_DIR,
     answer_accuracy,
     complete,
     load_model,
     load_tokenizer,
 )
-from lrft.trainer.demo.reward import AdditionReward
-from lrft.trainer.demo.task import AdditionTask, Problem
-from lrft.trainer.demo.tokenizer import PAD_ID
+from lrft.demos.reward import AdditionReward
+from lrft.demos.task import AdditionTask, Problem
+from lrft.demos.tokenizer import PAD_ID
+from lrft.rewards.base import RewardSample, compute_rewards
 
 
 def parse_args() -> argparse.Namespace:

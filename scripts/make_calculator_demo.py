@@ -1,7 +1,7 @@
 """Prepare the calculator demo of docs/multi-turn.md: 3-digit sums, which the demo model cannot
 do in its head, and a copy of the demo model that has seen the calculator's call syntax.
 
-The demo model (``src/lrft/trainer/demo/assets``) adds 2-digit numbers and has never seen a tool.
+The demo model (``src/lrft/demos/assets``) adds 2-digit numbers and has never seen a tool.
 A short supervised warm-up shows it the syntax, as instruction tuning shows a real model its
 tools: on 3-digit problems, ``--call-rate`` of the demonstrations call the calculator
 (``347+589=`` then ``<calculator>347+589</calculator>``, the tool's ``\\n936\\n``, then ``936``;
@@ -37,9 +37,9 @@ from lrft.agents import EnvironmentSetup, make_environment, run_episodes
 from lrft.agents.tools import Calculator
 from lrft.api import EpisodeBudget, EpisodeTask, SamplingParams
 from lrft.backends.rollout.hf import HFRolloutEngine
-from lrft.trainer.demo.model import load_model, load_tokenizer
-from lrft.trainer.demo.task import AdditionTask, Problem, is_correct, sloppy_sum, write_jsonl
-from lrft.trainer.demo.tokenizer import EOS_ID, PAD_ID
+from lrft.demos.model import load_model, load_tokenizer
+from lrft.demos.task import AdditionTask, Problem, is_correct, sloppy_sum, write_jsonl
+from lrft.demos.tokenizer import EOS_ID, PAD_ID
 
 IGNORE_INDEX = -100
 OBSERVATION = "\n{content}\n"

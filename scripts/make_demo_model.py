@@ -1,4 +1,4 @@
-"""Build the demo model shipped in ``src/lrft/trainer/demo/assets``: a tiny Qwen2 and its tokenizer.
+"""Build the demo model shipped in ``src/lrft/demos/assets``: a tiny Qwen2 and its tokenizer.
 
 A short supervised warm-up on the demo task's training problems, with demonstrations from a
 sloppy teacher who forgets each carry with probability ``--carry-drop`` (fresh coin flips every
@@ -38,8 +38,8 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase, Qwen2ForCausalLM
 
-from lrft.trainer.demo.model import ASSETS_DIR, answer_accuracy, complete, model_config
-from lrft.trainer.demo.task import (
+from lrft.demos.model import ASSETS_DIR, answer_accuracy, complete, model_config
+from lrft.demos.task import (
     AdditionTask,
     Problem,
     extract_answer,
@@ -47,7 +47,7 @@ from lrft.trainer.demo.task import (
     sloppy_sum,
     teacher_answers,
 )
-from lrft.trainer.demo.tokenizer import EOS_ID, PAD_ID, build_tokenizer
+from lrft.demos.tokenizer import EOS_ID, PAD_ID, build_tokenizer
 
 IGNORE_INDEX = -100
 

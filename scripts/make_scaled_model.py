@@ -4,7 +4,7 @@ runs that measure step time and memory at scale (the weights are random: the rew
     python scripts/make_scaled_model.py --size 0.5b --output /tmp/qwen2-0.5b
     torchrun --nproc_per_node 4 -m lrft train --pretrain /tmp/qwen2-0.5b \\
         --prompt_data /tmp/qwen2-0.5b/train.jsonl --eval_dataset /tmp/qwen2-0.5b/eval.jsonl \\
-        --input_key input --reference_key answer --reward_fn lrft.trainer.demo:exact_answer \\
+        --input_key input --reference_key answer --reward_fn lrft.demos:exact_answer \\
         --enable_engine_sleep --max_steps 8
 
 ``0.5b`` is Qwen2-0.5B's body (hidden 896, 24 layers, 14 query / 2 key-value heads, intermediate
@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from lrft.trainer.demo.task import INPUT_KEY, REFERENCE_KEY, AdditionTask, write_jsonl
-from lrft.trainer.demo.tokenizer import EOS_ID, MAX_LENGTH, PAD_ID, VOCAB_SIZE, build_tokenizer
+from lrft.demos.task import INPUT_KEY, REFERENCE_KEY, AdditionTask, write_jsonl
+from lrft.demos.tokenizer import EOS_ID, MAX_LENGTH, PAD_ID, VOCAB_SIZE, build_tokenizer
 
 SIZES: dict[str, dict[str, int]] = {
     "0.5b": {

@@ -1,7 +1,7 @@
-"""Build the vision demo model shipped in ``src/lrft/trainer/demo/vision/assets``: a tiny
+"""Build the vision demo model shipped in ``src/lrft/demos/vision/assets``: a tiny
 Qwen2-VL, its tokenizer and processor files.
 
-A short supervised warm-up on the training scenes (``lrft.trainer.demo.vision.task``), with
+A short supervised warm-up on the training scenes (``lrft.demos.vision.task``), with
 answers from a sloppy teacher who, when there are two shapes or more, says one too many with
 probability ``--overcount`` (fresh coin flips every time a scene is drawn). The model learns to
 count, and to overcount about as often as its teacher: greedy decoding then counts only single
@@ -40,14 +40,14 @@ import torch
 from transformers import Qwen2VLForConditionalGeneration
 
 from lrft.data import MediaProcessor
-from lrft.trainer.demo.vision.model import (
+from lrft.demos.vision.model import (
     ASSETS_DIR,
     EOS_ID,
     IMAGE_TOKEN_ID,
     model_config,
     save_processor_files,
 )
-from lrft.trainer.demo.vision.task import QUESTION, Scene, ShapeCountTask, sloppy_count
+from lrft.demos.vision.task import QUESTION, Scene, ShapeCountTask, sloppy_count
 
 IGNORE_INDEX = -100
 

@@ -19,10 +19,10 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
 from lrft.backends.train.fsdp2 import FSDP2Backend
+from lrft.config import TrainConfig
+from lrft.demos.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, build_tokenizer
 from lrft.rewards import CombinedReward, RewardSample, compute_rewards
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
-from lrft.trainer.config import TrainConfig
-from lrft.trainer.demo.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, build_tokenizer
 from lrft.trainer.judges import ColocatedJudge
 from lrft.trainer.rewards import ColocatedRewardModel, build_reward
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 from transformers import Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
+from lrft.demos.task import AdditionTask, write_jsonl
+from lrft.demos.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, build_tokenizer
 from lrft.testing.models import INITIALIZER_RANGE, tiny_qwen2_config
-from lrft.trainer.demo.task import AdditionTask, write_jsonl
-from lrft.trainer.demo.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, build_tokenizer
 
 
 def make_model_folder(directory: Path, seed: int = 0) -> Path:
@@ -51,8 +51,8 @@ def make_prompt_files(directory: Path) -> tuple[Path, Path]:
 
 def exact(sample: object) -> float:
     """The demo reward, importable as ``tests.trainer.fixtures:exact``."""
+    from lrft.demos import exact_answer
     from lrft.rewards import RewardSample
-    from lrft.trainer.demo import exact_answer
 
     assert isinstance(sample, RewardSample)
     return exact_answer(sample)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import attrs
 
+from lrft.demos import exact_answer
 from lrft.rewards import RewardOutput, RewardSample
-from lrft.trainer.demo import exact_answer
 
 RECORD_DIR_ENV = "LRFT_TEST_RECORD_DIR"
 

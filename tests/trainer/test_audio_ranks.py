@@ -29,8 +29,8 @@ import torch
 
 from lrft.api import GenerationResult
 from lrft.api.optim import OptimizerConfig
-from lrft.backends.media import freeze_audio_tower, load_generative_model
 from lrft.backends.train.fsdp2 import FSDP2Backend
+from lrft.models.media import freeze_audio_tower, load_generative_model
 from lrft.testing.audio_models import save_tiny_audio_lm
 from lrft.testing.conformance._rollout_media_checks import AUDIO, MediaPrompt, media_prompts
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context

@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM
 
 from lrft.api.digest import tensor_digests
 from lrft.backends.train.lora import AdaptersDisabled
+from lrft.run.export import LORA_ADAPTER_DIR
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
-from lrft.trainer.export import LORA_ADAPTER_DIR
 from lrft.trainer.logprobs import plain_response_logprobs
 from lrft.trainer.sequences import pack
 from tests.trainer.test_trainer_ranks import _trainer

@@ -19,7 +19,7 @@ import torch
 from lrft.api import GenerationResult
 from lrft.api.optim import OptimizerConfig
 from lrft.api.protocols import TrainableModel, TrainBackend
-from lrft.backends.media import (
+from lrft.models.media import (
     freeze_vision_tower,
     keep_vision_tower_running,
     load_generative_model,

@@ -14,11 +14,11 @@ import torch
 
 from lrft.api.digest import tensor_digests
 from lrft.cli import config_from_args
+from lrft.demos.vision.task import ShapeCountTask, write_problems
 from lrft.dist import RankInfo
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.testing.vision_models import save_tiny_vlm
 from lrft.trainer.build import build_trainer
-from lrft.trainer.demo.vision.task import ShapeCountTask, write_problems
 from tests.trainer.fixtures import REWARD_FLAG
 
 ZERO3 = ["--zero_stage=3"]

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lrft.trainer.checkpoint import read_manifest
+from lrft.run.checkpoint import read_manifest
 from tests.trainer.fixtures import base_args, make_model_folder, make_prompt_files
 from tests.trainer.test_torchrun import _kill_job
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from lrft.trainer.checkpoint import read_manifest
-from lrft.trainer.metrics import read_metrics
-from lrft.trainer.trajectories import TRAJECTORY_DIR, read_trajectories, trajectory_file
+from lrft.run.checkpoint import read_manifest
+from lrft.run.metrics import read_metrics
+from lrft.run.outputs import TRAJECTORY_DIR
+from lrft.trainer.trajectories import read_trajectories, trajectory_file
 from tests.trainer.fixtures import base_args, make_model_folder, make_prompt_files
 from tests.trainer.test_torchrun import _run
 from tests.trainer.wandb_offline import OFFLINE_ENV, history, offline_runs, only, read_records

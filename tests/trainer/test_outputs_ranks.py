@@ -8,9 +8,9 @@ from pathlib import Path
 import torch.distributed as dist
 
 from lrft.api.errors import ConfigError
+from lrft.config import TrainConfig
+from lrft.run.outputs import claim_outputs, own_outputs
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
-from lrft.trainer.config import TrainConfig
-from lrft.trainer.outputs import claim_outputs, own_outputs
 
 
 def _verdicts(root: Path) -> list[str | None]:

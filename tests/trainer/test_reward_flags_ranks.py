@@ -18,11 +18,11 @@ from transformers import (
 from lrft.api.types import Location
 from lrft.cli import config_from_args
 from lrft.dist import RankInfo
+from lrft.presets import SMOLLM2_TASK
+from lrft.presets.word_problems import INSTRUCTION
 from lrft.rewards import CombinedReward, MathVerifyReward, RewardSample, compute_rewards
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.trainer.build import build_trainer
-from lrft.trainer.presets import SMOLLM2_TASK
-from lrft.trainer.presets.word_problems import INSTRUCTION
 from lrft.trainer.rewards import ColocatedRewardModel
 from lrft.trainer.trainer import RLTrainer
 from tests.trainer.fixtures import (

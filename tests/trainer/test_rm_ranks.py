@@ -19,12 +19,12 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from lrft.api.protocols import TrainBackend
 from lrft.data import DistributedPromptSampler
+from lrft.demos.task import AdditionTask
 from lrft.dist import RankInfo
 from lrft.rm import RMTrainConfig, build_rm_trainer
 from lrft.rm.demo import preference_rows
+from lrft.run.metrics import read_metrics
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
-from lrft.trainer.demo.task import AdditionTask
-from lrft.trainer.metrics import read_metrics
 from tests.trainer.fixtures import make_model_folder
 
 STEPS = 3
@@ -164,7 +164,7 @@ def load_headless(root: Path) -> str:
     folder passes the config checks, and loading finds the score head missing."""
     from lrft.api.errors import ConfigError
     from lrft.backends.train.fsdp2 import FSDP2Backend
-    from lrft.trainer.config import TrainConfig
+    from lrft.config import TrainConfig
     from lrft.trainer.rewards import check_reward_settings, load_reward_model
 
     folder = make_model_folder(root / "headless")

@@ -17,10 +17,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from lrft.demos.model import ASSETS_DIR
+from lrft.demos.task import AdditionTask, is_correct, write_jsonl
 from lrft.rm.demo import preference_rows
-from lrft.trainer.demo.model import ASSETS_DIR
-from lrft.trainer.demo.task import AdditionTask, is_correct, write_jsonl
-from lrft.trainer.metrics import read_metrics
+from lrft.run.metrics import read_metrics
 from tests.trainer.fixtures import make_model_folder
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from transformers import AutoModelForCausalLM
 
-from lrft.trainer.checkpoint import read_manifest
+from lrft.run.checkpoint import read_manifest
 from tests.trainer.fixtures import REWARD_FLAG, base_args, make_model_folder, make_prompt_files
 
 ROOT = Path(__file__).resolve().parents[2]

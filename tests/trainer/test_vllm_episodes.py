@@ -17,10 +17,10 @@ import pytest
 
 pytest.importorskip("vllm", reason="vllm is not installed (pip install 'lrft[vllm]')")
 
+from lrft.demos import exact_answer
+from lrft.demos.model import ASSETS_DIR
+from lrft.demos.task import AdditionTask, write_jsonl
 from lrft.rewards import RewardSample
-from lrft.trainer.demo import exact_answer
-from lrft.trainer.demo.model import ASSETS_DIR
-from lrft.trainer.demo.task import AdditionTask, write_jsonl
 from lrft.trainer.trajectories import read_trajectories
 from tests.trainer.episode_env import FIRST_TURN_REWARD, OBSERVATION
 
@@ -38,7 +38,7 @@ def test_episodes_train_with_the_vllm_engine(tmp_path: Path) -> None:
         f"--prompt_data={train}",
         f"--eval_dataset={held_out}",
         "--reference_key=answer",
-        "--reward_fn=lrft.trainer.demo:exact_answer",
+        "--reward_fn=lrft.demos:exact_answer",
         "--engine_type=vllm",
         "--enable_engine_sleep",
         "--environment=tests.trainer.episode_env:Relay",

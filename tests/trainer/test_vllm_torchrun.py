@@ -26,9 +26,9 @@ pytest.importorskip("vllm", reason="vllm is not installed (pip install 'lrft[vll
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from lrft.demos.model import ASSETS_DIR
+from lrft.demos.task import AdditionTask, write_jsonl
 from lrft.testing.reference import greedy_continuation
-from lrft.trainer.demo.model import ASSETS_DIR
-from lrft.trainer.demo.task import AdditionTask, write_jsonl
 from tests.trainer.recording_reward import RECORD_DIR_ENV, last_record
 from tests.trainer.test_console_log import bar_frames
 

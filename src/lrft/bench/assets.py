@@ -34,7 +34,7 @@ from transformers import (
 
 from lrft.api.errors import ConfigError
 from lrft.bench.workloads import ImageSpec, ModelSpec, PromptSpec
-from lrft.trainer.demo.tokenizer import EOS_ID, PAD_ID, build_tokenizer
+from lrft.demos.tokenizer import EOS_ID, PAD_ID, build_tokenizer
 
 if TYPE_CHECKING:
     from PIL.Image import Image as PILImage

@@ -22,9 +22,9 @@ from lrft.bench.ceilings import synchronize
 from lrft.bench.ragged import ForcedLengths, full_batch_tokens_per_s
 from lrft.bench.rewards import TEXT_LENGTH
 from lrft.bench.workloads import GrpoSpec, Workload
+from lrft.config import TrainConfig
 from lrft.dist import RankInfo
 from lrft.redaction import redact
-from lrft.trainer.config import TrainConfig
 
 if TYPE_CHECKING:
     from lrft.trainer import RLTrainer

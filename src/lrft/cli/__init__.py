@@ -28,12 +28,12 @@ from lrft.cli.eval import add_eval_parser, eval_main
 from lrft.cli.flags import FLAGS, Flag, FlagGroup, shown_default
 from lrft.cli.lightrft import translate
 from lrft.cli.train_rm import add_train_rm_parser, train_rm_main
+from lrft.config import TrainConfig
+from lrft.config.validators import plugin_modules
 from lrft.dist.init import close_distributed
 from lrft.redaction import redact
-from lrft.trainer.config import TrainConfig
-from lrft.trainer.config.validators import plugin_modules
+from lrft.run.progress import library_bars_allowed, silence_library_bars
 from lrft.trainer.plugins import import_plugins
-from lrft.trainer.progress import library_bars_allowed, silence_library_bars
 
 _DECIMAL = r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|inf|infinity|nan"
 NEGATIVE_NUMBERS = re.compile(rf"^-({_DECIMAL})(,[-+]?({_DECIMAL}))*$", re.IGNORECASE)
@@ -98,8 +98,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 def config_from_args(argv: Sequence[str]) -> TrainConfig:
     """Parse ``lrft train ...`` arguments into a validated config (no process group needed)."""
-    from lrft.trainer.demo import demo_settings
-    from lrft.trainer.presets import preset_settings
+    from lrft.demos import demo_settings
+    from lrft.presets import preset_settings
 
     argv = list(argv)
     if argv[:1] == ["train"]:

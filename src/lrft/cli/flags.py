@@ -15,18 +15,18 @@ import attrs
 
 from lrft.algo import AGGREGATION_MODES, kl_estimators, policy_losses
 from lrft.backends import registry
-from lrft.rewards.judge_template import JUDGE_TEMPLATES
-from lrft.rewards.remote_protocols import PROTOCOLS
-from lrft.trainer.config import (
+from lrft.config import (
     DEMO_NAMES,
     HF_DECODE_PATHS,
     PRESET_NAMES,
     TrainConfig,
     supported_estimators,
 )
-from lrft.trainer.config.validators import ATTENTION_KERNELS, LR_SCHEDULERS
-from lrft.trainer.demo import DEMO_CRITIC_SETTINGS, DEMO_LORA_SETTINGS, DEMO_SETTINGS
-from lrft.trainer.demo.vision.settings import VISION_DEMO_SETTINGS
+from lrft.config.validators import ATTENTION_KERNELS, LR_SCHEDULERS
+from lrft.demos import DEMO_CRITIC_SETTINGS, DEMO_LORA_SETTINGS, DEMO_SETTINGS
+from lrft.demos.vision.settings import VISION_DEMO_SETTINGS
+from lrft.rewards.judge_template import JUDGE_TEMPLATES
+from lrft.rewards.remote_protocols import PROTOCOLS
 
 
 class FlagGroup(enum.Enum):

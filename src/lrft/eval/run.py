@@ -3,7 +3,7 @@
 The prompts are sharded over the ranks (:func:`lrft.data.eval_indices`: each scored once); each
 rank generates greedily and, with ``n_samples``, samples ``n`` responses per prompt, through the
 same engine, reward and formatting code as ``lrft train`` (the settings they share are a
-:class:`~lrft.trainer.config.TrainConfig`'s). Rank 0 gathers every prompt's results, computes the
+:class:`~lrft.config.TrainConfig`'s). Rank 0 gathers every prompt's results, computes the
 metrics of :mod:`lrft.eval.metrics` overall and by label, prints a table and writes the JSON
 report. A checkpoint (a ``global_step<k>`` folder, or the folder holding them: its newest) is
 loaded by the train backend it was written with and synced into the engine, exactly as the
@@ -28,17 +28,17 @@ from lrft.api.errors import ConfigError
 from lrft.api.protocols import RolloutEngine, TrainBackend
 from lrft.api.types import GenerationResult
 from lrft.backends.sync.direct import DirectSync
+from lrft.config import TrainConfig
 from lrft.data import PromptSample, eval_indices
 from lrft.dist import RankInfo, RolloutLayout, all_gather_objects, init_distributed
 from lrft.eval.metrics import PromptResult, by_label, summarize, table
-from lrft.trainer import checkpoint as ckpt
+from lrft.run import checkpoint as ckpt
 from lrft.trainer.build import (
     causal_lm,
     experience_maker,
     rollout_engine,
     train_backend,
 )
-from lrft.trainer.config import TrainConfig
 from lrft.trainer.experience import ExperienceMaker
 from lrft.trainer.plugins import import_plugins
 from lrft.trainer.prompts import load_prompts

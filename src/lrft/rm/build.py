@@ -1,7 +1,7 @@
 """Build a ready :class:`RMTrainer` from an :class:`RMTrainConfig`: data, model, backend, export.
 
 Everything that can be checked without a process group is checked first, on every rank: the
-run's folders (:func:`lrft.trainer.outputs.claim_outputs`), a resume's settings against its
+run's folders (:func:`lrft.run.outputs.claim_outputs`), a resume's settings against its
 checkpoint, the model folder, and every row of the data (read and tokenised here, before the
 process group starts), so bad input fails before anything is wrapped or trained.
 """
@@ -21,6 +21,7 @@ from lrft.api.errors import ConfigError
 from lrft.api.optim import OptimizerConfig, ScheduleKind, SchedulerConfig
 from lrft.api.protocols import TrainBackend
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
+from lrft.config.inputs import check_model_folder as check_folder
 from lrft.data import PromptFormat
 from lrft.dist import RankInfo, init_distributed
 from lrft.rm.config import RMTrainConfig
@@ -36,10 +37,9 @@ from lrft.rm.demo import demo_rm_config
 from lrft.rm.model import load_judge, load_scalar_rm, sequence_classifier_from_config
 from lrft.rm.objectives import Objective, PairObjective, VerdictObjective
 from lrft.rm.trainer import RMTrainer, check_resumable, planned_steps
-from lrft.trainer import checkpoint as ckpt
-from lrft.trainer.config.inputs import check_model_folder as check_folder
-from lrft.trainer.export import export_hf
-from lrft.trainer.outputs import claim_outputs
+from lrft.run import checkpoint as ckpt
+from lrft.run.export import export_hf
+from lrft.run.outputs import claim_outputs
 
 if TYPE_CHECKING:
     from lrft.backends.train.deepspeed import ZeroStage

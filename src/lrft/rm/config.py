@@ -11,8 +11,8 @@ from typing import Any
 import attrs
 
 from lrft.api.errors import ConfigError
+from lrft.config import validators as f
 from lrft.rewards.judge_template import JUDGE_TEMPLATES, JudgeTemplate, load_judge_template
-from lrft.trainer.config import validators as f
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
 SCALAR_ONLY = ("chosen_key", "rejected_key", "margin_key")

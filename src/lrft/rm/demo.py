@@ -1,10 +1,10 @@
 """The built-in demo of ``lrft train-rm`` (no ``--pretrain``): a scalar reward model that learns
 to prefer the exact sum of two numbers to a sloppy one.
 
-The model starts from the demo policy of ``lrft train`` (:mod:`lrft.trainer.demo`, a tiny Qwen2 that
+The model starts from the demo policy of ``lrft train`` (:mod:`lrft.demos`, a tiny Qwen2 that
 often forgets carries) with a new score head. Each pair is an addition problem that carries, with
 its exact sum as the chosen response and, as the rejected one, what the policy's sloppy teacher
-says with at least one carry lost (:func:`lrft.trainer.demo.task.teacher_answers`). Those are the
+says with at least one carry lost (:func:`lrft.demos.task.teacher_answers`). Those are the
 policy's own mistakes (it answers problems without carries right), so the exported reward model
 can drive ``lrft train --reward_pretrain`` on the demo task. Training and held-out pairs come
 from the demo task's disjoint problem sets.
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import attrs
 
+from lrft.demos.task import AdditionTask, Problem, teacher_answers
 from lrft.rm.config import RMTrainConfig
-from lrft.trainer.demo.task import AdditionTask, Problem, teacher_answers
 
 DEMO_RM_SETTINGS: dict[str, object] = {
     "train_batch_size": 32,
@@ -64,7 +64,7 @@ def _write(path: Path, rows: list[dict[str, str]], rank: int) -> Path:
 
 def demo_rm_config(config: RMTrainConfig, rank: int) -> RMTrainConfig:
     """``config`` with the demo model and the preference files (written here, per rank)."""
-    from lrft.trainer.demo.model import ASSETS_DIR
+    from lrft.demos.model import ASSETS_DIR
 
     task = AdditionTask()
     data_dir = Path(config.save_path) / "demo_data"

@@ -21,7 +21,7 @@ from transformers import (
 )
 
 from lrft.api.errors import ConfigError
-from lrft.trainer.scalar_head import load_with_scalar_head
+from lrft.models.scalar_head import load_with_scalar_head
 
 SCORE_HEAD = "score"
 """The score head's module name in transformers' decoder sequence-classification models."""

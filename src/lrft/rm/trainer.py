@@ -4,9 +4,9 @@ evaluation, checkpoints with exact resume, and the Hugging Face export.
 The machinery is ``lrft train``'s: a :class:`~lrft.api.TrainableModel` from any
 :class:`~lrft.api.TrainBackend` (FSDP2, DeepSpeed ZeRO), the resumable
 :class:`~lrft.data.DistributedPromptSampler` over the examples, the atomic checkpoints of
-:mod:`lrft.trainer.checkpoint` (model, optimizer, scheduler, RNG states; sampler position and
-run id in the manifest), the run ownership of :mod:`lrft.trainer.outputs`, the resume rules of
-:mod:`lrft.trainer.resume` and the metrics files of :mod:`lrft.trainer.metrics`.
+:mod:`lrft.run.checkpoint` (model, optimizer, scheduler, RNG states; sampler position and
+run id in the manifest), the run ownership of :mod:`lrft.run.outputs`, the resume rules of
+:mod:`lrft.run.resume` and the metrics files of :mod:`lrft.run.metrics`.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from lrft.dist import sum_over_ranks
 from lrft.rm.config import RESUMABLE_RM_SETTINGS, RMTrainConfig
 from lrft.rm.data import ExampleSet, JudgeExample, PreferencePair
 from lrft.rm.objectives import Objective
-from lrft.trainer import checkpoint as ckpt
-from lrft.trainer.export import HF_MODEL_DIR
-from lrft.trainer.metrics import MetricsWriter
-from lrft.trainer.outputs import claim_outputs, own_outputs
-from lrft.trainer.resume import check_resume_settings
+from lrft.run import checkpoint as ckpt
+from lrft.run.export import HF_MODEL_DIR
+from lrft.run.metrics import MetricsWriter
+from lrft.run.outputs import claim_outputs, own_outputs
+from lrft.run.resume import check_resume_settings
 
 E = TypeVar("E", PreferencePair, JudgeExample)
 COMMAND = "train-rm"

@@ -11,9 +11,9 @@
 - :func:`build_trainer`: all of it from a config (fsdp2 + hf engine + direct sync).
 """
 
-from lrft.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from lrft.config import TrainConfig, supported_estimators
+from lrft.run.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from lrft.trainer.colocation import PHASES, Colocation
-from lrft.trainer.config import TrainConfig, supported_estimators
 from lrft.trainer.critic import CriticUpdate, load_critic
 from lrft.trainer.experience import ExperienceBatch, ExperienceMaker
 from lrft.trainer.policy import PolicyUpdate

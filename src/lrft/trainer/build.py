@@ -5,7 +5,7 @@ Composes only the Protocols' implementations, each chosen by its registered name
 ``vllm`` engine and ``direct`` weight sync are built from their own settings, an installed
 package's from its spec (:mod:`lrft.trainer.plugins`). With no ``pretrain`` the built-in demo
 provides model, data and reward; a ``preset`` provides whichever of them the user left unset
-(:mod:`lrft.trainer.presets`).
+(:mod:`lrft.presets`).
 """
 
 from __future__ import annotations
@@ -19,37 +19,37 @@ import torch
 from torch.distributed import ProcessGroup
 from transformers import AutoConfig, AutoTokenizer
 
+from lrft import demos as demo
 from lrft.api.errors import ConfigError
 from lrft.api.optim import SchedulerConfig
 from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, TrainBackend, WeightSync
 from lrft.api.types import ModelPart, SamplingParams
 from lrft.backends import registry
-from lrft.backends.media import (
+from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
+from lrft.backends.sync.direct import DEFAULT_BUCKET_BYTES, DirectSync
+from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
+from lrft.backends.train.lora import AdaptersDisabled, apply_lora, check_lora_model
+from lrft.config import TrainConfig
+from lrft.data import MediaProcessor
+from lrft.dist import PhaseWatch, RankInfo, RolloutLayout, init_distributed
+from lrft.models.media import (
     freeze_audio_tower,
     freeze_vision_tower,
     keep_vision_tower_running,
     load_generative_model,
 )
-from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
-from lrft.backends.sync.direct import DEFAULT_BUCKET_BYTES, DirectSync
-from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
-from lrft.backends.train.lora import AdaptersDisabled, apply_lora, check_lora_model
-from lrft.data import MediaProcessor
-from lrft.dist import PhaseWatch, RankInfo, RolloutLayout, init_distributed
+from lrft.presets import preset_config
 from lrft.rewards import RewardFn
-from lrft.trainer import checkpoint as ckpt
-from lrft.trainer import demo
-from lrft.trainer.config import TrainConfig
+from lrft.run import checkpoint as ckpt
+from lrft.run.export import LORA_ADAPTER_DIR, export_hf, export_lora_adapter
+from lrft.run.outputs import claim_outputs
+from lrft.run.resume import check_resume_settings, checkpoint_to_resume
 from lrft.trainer.critic import load_critic
 from lrft.trainer.episodes import EpisodeRollout, environment_setup
 from lrft.trainer.experience import Decode, ExperienceMaker
-from lrft.trainer.export import LORA_ADAPTER_DIR, export_hf, export_lora_adapter
-from lrft.trainer.outputs import claim_outputs
 from lrft.trainer.plugins import import_plugins, plugin_engine, plugin_sync, plugin_train_backend
-from lrft.trainer.presets import preset_config
 from lrft.trainer.prompts import eval_prompts, load_prompts, planned_iterations
-from lrft.trainer.resume import check_resume_settings, checkpoint_to_resume
 from lrft.trainer.rewards import build_reward, check_reward_settings, data_labels
 from lrft.trainer.trainer import RLTrainer
 
@@ -252,7 +252,7 @@ def causal_lm(config: TrainConfig) -> torch.nn.Module:
     image-text-to-text class) in fp32 with the configured attention kernel (actor and
     reference). A vision-language model runs its vision tower in every forward, also over a
     micro-batch without images, so that its sharded ranks' collectives match
-    (:func:`lrft.backends.media.keep_vision_tower_running`)."""
+    (:func:`lrft.models.media.keep_vision_tower_running`)."""
     assert config.pretrain is not None
     model = load_generative_model(
         config.pretrain, dtype=torch.float32, attn_implementation=config.attn_implementation

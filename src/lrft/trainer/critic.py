@@ -26,10 +26,10 @@ from transformers import AutoConfig, AutoModelForTokenClassification, PreTrained
 from lrft.algo import clipped_value_loss
 from lrft.algo._tensor import masked_mean
 from lrft.api.protocols import FrozenModel, TrainableModel
+from lrft.models.scalar_head import load_with_scalar_head
 from lrft.trainer._update_loop import Metrics, step_groups
 from lrft.trainer.micro_batches import PackedMicroBatch, PackedPart, packed_passes
 from lrft.trainer.replay import ReplayBuffer
-from lrft.trainer.scalar_head import load_with_scalar_head
 from lrft.trainer.sequences import Sequences, forward_inputs
 
 VALUE_HEAD = "score"
@@ -70,10 +70,10 @@ def load_critic(
 
 def _critic_class(config: Any) -> Any:
     """The class of ``config``'s critic: transformers' token-classification model, or for a
-    Qwen2-VL :class:`~lrft.trainer.vision_critic.Qwen2VLForValues` (transformers has none)."""
+    Qwen2-VL :class:`~lrft.models.vision_critic.Qwen2VLForValues` (transformers has none)."""
     if getattr(config, "vision_config", None) is None:
         return AutoModelForTokenClassification
-    from lrft.trainer.vision_critic import VISION_CRITIC_TYPES, Qwen2VLForValues
+    from lrft.models.vision_critic import VISION_CRITIC_TYPES, Qwen2VLForValues
 
     if config.model_type not in VISION_CRITIC_TYPES:  # refused by name when it loads
         return AutoModelForTokenClassification

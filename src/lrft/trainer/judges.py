@@ -21,10 +21,10 @@ import torch
 from lrft.api.errors import ConfigError
 from lrft.api.types import EnginePart
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
+from lrft.config import TrainConfig
 from lrft.rewards.base import RewardOutput, RewardSample
 from lrft.rewards.generative import GenerativeReward
 from lrft.rewards.judge_template import load_judge_template
-from lrft.trainer.config import TrainConfig
 
 JUDGE_SLEEP_LEVEL = 1
 """A judge's weights never change: level 1 parks them, and waking needs no weight sync."""

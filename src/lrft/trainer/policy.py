@@ -21,8 +21,8 @@ from lrft.algo import (
 )
 from lrft.algo.types import AggregationMode
 from lrft.api.protocols import TrainableModel
+from lrft.config import TrainConfig
 from lrft.trainer._update_loop import Metrics, step_groups
-from lrft.trainer.config import TrainConfig
 from lrft.trainer.experience import (
     ExperienceBatch,
     response_logits,

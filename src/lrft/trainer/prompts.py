@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
+from lrft.config import TrainConfig
 from lrft.data import DistributedPromptSampler, MediaProcessor, PromptDataConfig, PromptDataset
 from lrft.data.mixture import load_prompt_mixture
 from lrft.dist import RankInfo
-from lrft.trainer.config import TrainConfig
 
 
 def load_prompts(

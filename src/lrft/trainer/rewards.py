@@ -29,7 +29,9 @@ import torch.distributed as dist
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel, TrainBackend
 from lrft.api.types import ModelPart
+from lrft.config import TrainConfig
 from lrft.data import PromptDataset
+from lrft.extras import REWARDS_EXTRA
 from lrft.rewards import (
     CombinedReward,
     MathVerifyReward,
@@ -42,11 +44,8 @@ from lrft.rewards import (
     Weighted,
 )
 from lrft.rewards.batch_function import BatchFunctionReward, batch_parameters
-from lrft.trainer.config import TrainConfig
 from lrft.trainer.judges import check_judge_folder, load_judge
 from lrft.trainer.recipes import read_recipes, recipe_routes
-
-REWARDS_EXTRA = "pip install 'lrft[rewards]'"
 
 
 def load_reward(spec: str, reference_key: str | None) -> RewardFn:

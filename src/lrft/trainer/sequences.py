@@ -5,7 +5,7 @@ Response-aligned tensors (``B x T``) hold position ``t`` of the ``t``-th generat
 padding keeps each real token's position id equal to its index, so a text model takes no
 position ids; a row's media (its prompt's :class:`~lrft.api.ProcessedMedia`) go into the
 forward as the model's own arguments, and an m-RoPE model's 3-D positions are computed by
-:func:`lrft.backends.media.rope_positions`, the function the ``hf`` engine places its tokens
+:func:`lrft.models.media.rope_positions`, the function the ``hf`` engine places its tokens
 with (:func:`forward_inputs`).
 """
 
@@ -20,14 +20,14 @@ from torch import Tensor
 
 from lrft.api.media import ProcessedMedia
 from lrft.api.types import GenerationResult
-from lrft.backends.media import (
+from lrft.data import PromptSample
+from lrft.models.media import (
     MediaBatch,
     idle_audio_inputs,
     media_modalities,
     media_patches,
     rope_positions,
 )
-from lrft.data import PromptSample
 
 
 def _media_rows(values: Sequence[ProcessedMedia | None]) -> tuple[ProcessedMedia | None, ...]:
@@ -126,7 +126,7 @@ def forward_inputs(
     """The keyword arguments of the model's forward over ``sequences``: ids, mask, the rows'
     media and, for an m-RoPE model with media, the 3-D positions the engine decoded with; for an
     audio model over rows without clips, one idle clip that yields no audio token (a sharded
-    model's ranks must all run its encoder: :func:`lrft.backends.media.idle_audio_inputs`)."""
+    model's ranks must all run its encoder: :func:`lrft.models.media.idle_audio_inputs`)."""
     input_ids = sequences.input_ids.to(device)
     attention_mask = sequences.attention_mask.to(device)
     inputs: dict[str, Any] = {

@@ -17,27 +17,27 @@ from lrft.algo import AdaptiveKLController, KLController, RunningMoments
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, WeightSync
 from lrft.api.types import ModelPart
+from lrft.config import TrainConfig
 from lrft.data import DistributedPromptSampler, PromptDataset, eval_indices
 from lrft.dist import PhaseWatch, mean_over_ranks, sum_over_ranks
 from lrft.redaction import redact
-from lrft.trainer import checkpoint as ckpt
+from lrft.run import checkpoint as ckpt
+from lrft.run.export import HF_MODEL_DIR
+from lrft.run.metrics import CURVES_FILE, MetricsWriter, plot_curves
+from lrft.run.outputs import TRAJECTORY_DIR, claim_outputs, own_outputs
+from lrft.run.progress import Console
+from lrft.run.resume import check_resume_settings, check_schedule, checkpoint_to_resume
+from lrft.run.wandb_metrics import DEFAULT_PROJECT, WandbMetrics, WandbSettings
 from lrft.trainer.colocation import Colocation
-from lrft.trainer.config import TrainConfig
 from lrft.trainer.critic import CriticUpdate, critic_values
 from lrft.trainer.episodes import EpisodeBatch, EpisodeRollout, add_turns, with_returns
 from lrft.trainer.experience import ExperienceMaker, pack_engine_logprobs, reward_means
-from lrft.trainer.export import HF_MODEL_DIR
-from lrft.trainer.metrics import CURVES_FILE, MetricsWriter, plot_curves
-from lrft.trainer.outputs import claim_outputs, own_outputs
 from lrft.trainer.policy import PolicyUpdate, needs_old_logprob_pass
-from lrft.trainer.progress import Console
 from lrft.trainer.replay import ReplayBuffer
-from lrft.trainer.resume import check_resume_settings, check_schedule, checkpoint_to_resume
 from lrft.trainer.sampling import Refill, ScoredGroups, continuation_seed, refill_groups
 from lrft.trainer.sequences import pack, row_media
-from lrft.trainer.trajectories import TRAJECTORY_DIR, TrajectoryWriter, sample_records
+from lrft.trainer.trajectories import TrajectoryWriter, sample_records
 from lrft.trainer.trajectory_pages import group_pictures
-from lrft.trainer.wandb_metrics import DEFAULT_PROJECT, WandbMetrics, WandbSettings
 
 logger = logging.getLogger(__name__)
 

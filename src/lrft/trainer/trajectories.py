@@ -44,7 +44,6 @@ from lrft.rewards import RewardOutput
 from lrft.trainer.experience import Decode, ExperienceBatch
 from lrft.trainer.trajectory_pages import has_pictures, page_file, write_index, write_page
 
-TRAJECTORY_DIR = "trajectories"
 _NAME = re.compile(r"step_(\d+)\.jsonl")
 
 

@@ -20,7 +20,7 @@ from lrft.api import (
     Tool,
     ToolResult,
 )
-from lrft.trainer.demo.tokenizer import build_tokenizer
+from lrft.demos.tokenizer import build_tokenizer
 
 
 def test_a_step_that_ends_the_episode_takes_no_observation() -> None:

@@ -13,8 +13,8 @@ from lrft.agents import EnvironmentSetup, make_environment
 from lrft.agents.sandbox import SandboxLimits
 from lrft.agents.tools import Calculator, PythonTool
 from lrft.api import EpisodeError, EpisodeStart, EpisodeTask, ModelTurn, StepResult
+from lrft.demos.tokenizer import build_tokenizer as build_byte_tokenizer
 from lrft.testing.environments import EnvironmentCheckError, check_environment
-from lrft.trainer.demo.tokenizer import build_tokenizer as build_byte_tokenizer
 from tests.unit.agents._tokenizer import build_tokenizer
 
 TASKS = [

@@ -20,8 +20,8 @@ from lrft.agents import (
 from lrft.agents import registry as agents_registry
 from lrft.agents.tools import Calculator, PythonTool
 from lrft.api import ConfigError, EpisodeStart, EpisodeTask, ModelTurn, StepResult, ToolResult
+from lrft.demos.tokenizer import build_tokenizer as build_byte_tokenizer
 from lrft.rewards import PerSampleReward
-from lrft.trainer.demo.tokenizer import build_tokenizer as build_byte_tokenizer
 from tests.unit.agents._tokenizer import build_tokenizer
 
 

@@ -1,1 +1,1 @@
-"""Tests of the embedded demo (lrft.trainer.demo)."""
+"""Tests of the embedded demo (lrft.demos)."""

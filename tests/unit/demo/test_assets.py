@@ -21,7 +21,7 @@ from transformers import (
 from lrft.api.types import GenerationRequest, SamplingParams
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.data import PromptDataConfig, load_prompt_dataset
-from lrft.trainer.demo.model import (
+from lrft.demos.model import (
     ASSETS_DIR,
     MAX_NEW_TOKENS,
     answer_accuracy,
@@ -30,7 +30,7 @@ from lrft.trainer.demo.model import (
     load_tokenizer,
     model_config,
 )
-from lrft.trainer.demo.task import (
+from lrft.demos.task import (
     EOS_TEXT,
     INPUT_KEY,
     REFERENCE_KEY,
@@ -38,7 +38,7 @@ from lrft.trainer.demo.task import (
     Problem,
     write_jsonl,
 )
-from lrft.trainer.demo.tokenizer import (
+from lrft.demos.tokenizer import (
     EOS_ID,
     EOS_TOKEN,
     PAD_ID,

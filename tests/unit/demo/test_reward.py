@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from lrft.api.errors import ConfigError
+from lrft.demos.reward import AdditionReward
+from lrft.demos.task import EOS_TEXT
 from lrft.rewards import RewardError, RewardFn, RewardSample, compute_rewards
-from lrft.trainer.demo.reward import AdditionReward
-from lrft.trainer.demo.task import EOS_TEXT
 
 
 def sample(response: str, reference: str | None = "85") -> RewardSample:

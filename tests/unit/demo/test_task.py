@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lrft.api.errors import ConfigError
-from lrft.trainer.demo.task import (
+from lrft.demos.task import (
     EOS_TEXT,
     INPUT_KEY,
     REFERENCE_KEY,

@@ -16,7 +16,7 @@ pytest.importorskip("PIL", reason="the vision demo draws its images with Pillow"
 import numpy as np
 from PIL import Image
 
-from lrft.trainer.demo.vision.task import (
+from lrft.demos.vision.task import (
     CELL,
     GRID,
     MAX_SHAPES,

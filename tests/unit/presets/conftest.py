@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lrft.trainer.presets import smollm2
+from lrft.presets import smollm2
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lrft.api.errors import ConfigError
-from lrft.trainer.presets import smollm2
+from lrft.presets import smollm2
 
 MESSAGES = [{"role": "user", "content": "Tom has 3 apples and finds 4 more. How many now?"}]
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from lrft.api.errors import ConfigError
-from lrft.rewards import gsm8k_answer
-from lrft.trainer.presets.word_problems import (
+from lrft.presets.word_problems import (
     INSTRUCTION,
     TEMPLATES,
     WordProblem,
@@ -22,6 +21,7 @@ from lrft.trainer.presets.word_problems import (
     problem_rows,
     write_jsonl,
 )
+from lrft.rewards import gsm8k_answer
 
 # What each story asks, read from its wording rather than from the generator's own operation;
 # the first cue found decides ("3 bags with 4 in each bag ... in all?" is a product).

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 from transformers import Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
+from lrft.demos.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, build_tokenizer
 from lrft.testing.models import INITIALIZER_RANGE, tiny_qwen2_config
-from lrft.trainer.demo.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, build_tokenizer
 
 
 def tiny_classifier(seed: int = 0) -> Qwen2ForSequenceClassification:

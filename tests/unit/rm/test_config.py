@@ -67,7 +67,7 @@ def test_every_flag_changes_its_field_and_is_read() -> None:
     )
     sources += (ROOT / "src/lrft/rm/config.py").read_text().split("def judge_template", 1)[1]
     # the run-folder rules lrft train and lrft train-rm share
-    sources += (ROOT / "src/lrft/trainer/outputs.py").read_text()
+    sources += (ROOT / "src/lrft/run/outputs.py").read_text()
     for flag in RM_FLAGS:
         assert re.search(rf"config\.{flag.name}\b|self\.{flag.name}\b", sources), flag.name
 

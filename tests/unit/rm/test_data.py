@@ -12,9 +12,9 @@ from transformers import PreTrainedTokenizerFast
 
 from lrft.api.errors import ConfigError
 from lrft.data import PromptFormat
+from lrft.demos.tokenizer import build_tokenizer
 from lrft.rewards.judge_template import JUDGE_TEMPLATES, JudgeTemplate
 from lrft.rm import Columns, load_judge_examples, load_preference_pairs
-from lrft.trainer.demo.tokenizer import build_tokenizer
 
 ROWS = [
     {"prompt": "12+35=", "chosen": "47", "rejected": "37", "gap": 1.0},

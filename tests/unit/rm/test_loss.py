@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lrft.demos.tokenizer import PAD_ID, build_tokenizer
 from lrft.rm import JudgeExample, PairObjective, PreferencePair, VerdictObjective, bradley_terry
-from lrft.trainer.demo.tokenizer import PAD_ID, build_tokenizer
 from tests.unit.rm.models import tiny_classifier, tiny_judge
 
 CPU = torch.device("cpu")

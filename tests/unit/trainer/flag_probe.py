@@ -29,8 +29,8 @@ from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
 
 from lrft.api.types import GenerationRequest, GenerationResult, SamplingParams
+from lrft.demos.task import AdditionTask
 from lrft.rewards import RewardSample
-from lrft.trainer.demo.task import AdditionTask
 
 Record = dict[str, Any]
 

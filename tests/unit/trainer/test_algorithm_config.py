@@ -10,7 +10,7 @@ import pytest
 
 from lrft.api.errors import ConfigError
 from lrft.cli import config_from_args, main
-from lrft.trainer.config import TrainConfig
+from lrft.config import TrainConfig
 
 MODEL = ["train", "--pretrain=m", "--prompt_data=p.jsonl", "--reward_fn=math"]
 

@@ -11,7 +11,7 @@ import torch
 
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import TrainableModel
-from lrft.trainer.checkpoint import (
+from lrft.run.checkpoint import (
     checkpoint_owner,
     checkpoint_steps,
     latest_checkpoint,

@@ -10,8 +10,8 @@ import pytest
 
 from lrft.cli import config_from_args, main
 from lrft.cli.flags import FLAGS, Flag, FlagGroup
-from lrft.trainer.config import TrainConfig
-from lrft.trainer.metrics import tensorboard_available
+from lrft.config import TrainConfig
+from lrft.extras import tensorboard_available
 
 MODEL = ["train", "--pretrain=m", "--prompt_data=p.jsonl", "--reward_fn=math"]
 MODEL_FLAGS = {"pretrain", "prompt_data", "reward_fn"}

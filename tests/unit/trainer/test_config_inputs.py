@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from lrft.api.errors import ConfigError
 from lrft.cli import main
-from lrft.trainer.config import TrainConfig
+from lrft.config import TrainConfig
 from tests.trainer.fixtures import make_model_folder, make_prompt_files
 
 

@@ -17,8 +17,8 @@ from lrft.agents import Episode, TurnRecord
 from lrft.algo import PolicyLossInputs, policy_losses
 from lrft.api.episodes import EpisodeTask
 from lrft.api.types import SamplingParams
+from lrft.config import TrainConfig
 from lrft.testing.models import INITIALIZER_RANGE, tiny_qwen2_config
-from lrft.trainer.config import TrainConfig
 from lrft.trainer.episodes import EpisodeBatch, pack_episodes
 from lrft.trainer.experience import ExperienceBatch, ExperienceMaker, response_logprobs
 from lrft.trainer.policy import PolicyUpdate

@@ -15,9 +15,9 @@ from lrft.agents.tools import Calculator
 from lrft.api.episodes import EpisodeBudget
 from lrft.api.errors import ConfigError
 from lrft.cli import config_from_args, main
+from lrft.config import TrainConfig
 from lrft.dist import RankInfo
 from lrft.trainer.build import build_trainer
-from lrft.trainer.config import TrainConfig
 
 MODEL = ["train", "--pretrain=m", "--prompt_data=p.jsonl", "--reward_fn=math"]
 EPISODES = [*MODEL, "--environment=tool_calls"]

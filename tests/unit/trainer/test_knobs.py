@@ -15,12 +15,12 @@ import torch
 from lrft.algo import AdaptiveKLController, FixedKLController
 from lrft.api.errors import ConfigError
 from lrft.api.types import GenerationResult, SamplingParams
+from lrft.config import TrainConfig
 from lrft.rewards import RewardSample, compute_rewards
 from lrft.rewards.batch_function import BatchFunctionReward, batch_parameters
-from lrft.trainer import checkpoint as ckpt
-from lrft.trainer.config import TrainConfig
+from lrft.run import checkpoint as ckpt
+from lrft.run.resume import check_schedule, checkpoint_to_resume
 from lrft.trainer.experience import ExperienceMaker
-from lrft.trainer.resume import check_schedule, checkpoint_to_resume
 from lrft.trainer.rewards import load_reward
 from lrft.trainer.sequences import pack
 

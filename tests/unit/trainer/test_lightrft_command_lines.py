@@ -13,8 +13,8 @@ import pytest
 
 from lrft.api.errors import ConfigError
 from lrft.cli import config_from_args, main
-from lrft.trainer import checkpoint as ckpt
-from lrft.trainer.resume import checkpoint_to_resume
+from lrft.run import checkpoint as ckpt
+from lrft.run.resume import checkpoint_to_resume
 
 MODEL = ["train", "--pretrain=m", "--prompt_data=p.jsonl", "--reward_fn=math"]
 SECRET = "wandb-key-20c9e1"
@@ -100,7 +100,7 @@ def _argv(line: str) -> list[str]:
 @pytest.fixture(autouse=True)
 def _vllm_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     # the vllm lines check settings, not the package: pretend it is installed
-    monkeypatch.setattr("lrft.trainer.config.checks.vllm_available", lambda: True)
+    monkeypatch.setattr("lrft.config.checks.vllm_available", lambda: True)
 
 
 @pytest.mark.parametrize(("line", "meaning"), RUNS, ids=[line for line, _ in RUNS])

@@ -24,8 +24,8 @@ from lrft.backends.train.lora import (
     require_peft,
 )
 from lrft.cli import config_from_args, main
+from lrft.config import TrainConfig
 from lrft.testing.models import tiny_causal_lm, tiny_qwen2_config
-from lrft.trainer.config import TrainConfig
 
 pytest.importorskip("peft", reason="peft is not installed: pip install 'lrft[lora]'")
 

@@ -11,11 +11,11 @@ import torch
 
 from lrft.api import ConfigError
 from lrft.cli import config_from_args
+from lrft.config import TrainConfig
 from lrft.data import PromptDataConfig
+from lrft.demos import demo_settings
+from lrft.demos.vision.settings import VISION_DEMO_SETTINGS
 from lrft.testing.vision_models import save_tiny_vlm
-from lrft.trainer.config import TrainConfig
-from lrft.trainer.demo import demo_settings
-from lrft.trainer.demo.vision.settings import VISION_DEMO_SETTINGS
 from lrft.trainer.prompts import load_prompts
 from tests.trainer.fixtures import make_model_folder
 
@@ -50,7 +50,7 @@ def test_the_vision_demo_refuses_a_model_of_the_users(tmp_path: Path) -> None:
 def test_media_settings_need_what_they_act_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("lrft.trainer.config.checks.vllm_available", lambda: True)
+    monkeypatch.setattr("lrft.config.checks.vllm_available", lambda: True)
     with pytest.raises(ConfigError, match="images_key 'images' needs apply_chat_template"):
         config_from_args([*MODEL, "--images_key=images"])
     with pytest.raises(ConfigError, match="limit_mm_image_per_prompt 2 needs images_key"):

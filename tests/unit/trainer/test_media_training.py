@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from lrft.api import GenerationResult, SamplingParams
-from lrft.backends.media import freeze_vision_tower, vision_tower
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
+from lrft.models.media import freeze_vision_tower, vision_tower
 from lrft.rewards import RewardOutput, RewardSample
 from lrft.testing.conformance._rollout_media_checks import MediaPrompt, media_prompts
 from lrft.testing.reference import load_reference_vlm, media_token_logprobs, token_logprobs
@@ -268,8 +268,8 @@ def test_fire_continues_image_requests_with_their_media(
 def test_the_trainers_vlm_runs_its_tower_on_text_rows_without_changing_them(
     vlm_dir: Path,
 ) -> None:
+    from lrft.config import TrainConfig
     from lrft.trainer.build import causal_lm
-    from lrft.trainer.config import TrainConfig
 
     model = causal_lm(TrainConfig(pretrain=str(vlm_dir), prompt_data="p.jsonl", reward_fn="math"))
     tower = vision_tower(model)

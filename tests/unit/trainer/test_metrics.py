@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lrft.trainer.metrics import MetricsWriter, plot_curves, read_metrics
+from lrft.run.metrics import MetricsWriter, plot_curves, read_metrics
 
 RECORDS: list[tuple[int, str, dict[str, float]]] = [
     (0, "eval", {"eval/accuracy": 0.125, "eval/reward_mean": 0.125}),

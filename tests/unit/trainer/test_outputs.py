@@ -15,10 +15,10 @@ import torch.distributed as dist
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import TrainableModel
 from lrft.cli import config_from_args
+from lrft.config import TrainConfig
 from lrft.dist import RankInfo
-from lrft.trainer.checkpoint import save_checkpoint
-from lrft.trainer.config import TrainConfig
-from lrft.trainer.outputs import claim_outputs, own_outputs, read_run_id
+from lrft.run.checkpoint import save_checkpoint
+from lrft.run.outputs import claim_outputs, own_outputs, read_run_id
 
 MODEL = ["--pretrain=model", "--prompt_data=p.jsonl", "--reward_fn=math"]
 

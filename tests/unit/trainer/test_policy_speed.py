@@ -12,9 +12,9 @@ from torch import Tensor
 from lrft.algo import PolicyLossConfig, aggregate_loss, aggregation_divisor
 from lrft.algo.types import AggregationMode
 from lrft.api.errors import ConfigError
+from lrft.config import TrainConfig
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.testing.models import tiny_causal_lm
-from lrft.trainer.config import TrainConfig
 from lrft.trainer.experience import ExperienceBatch
 from lrft.trainer.logprobs import plain_response_logprobs
 from lrft.trainer.micro_batches import pack_by_tokens, plan_step

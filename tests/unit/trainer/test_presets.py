@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch
 
+from lrft import presets
 from lrft.api.errors import ConfigError
 from lrft.cli import config_from_args, main
-from lrft.trainer import presets
-from lrft.trainer.config import TrainConfig
-from lrft.trainer.presets import SMOLLM2_CPU, SMOLLM2_CUDA, SMOLLM2_TASK, preset_config, smollm2
-from lrft.trainer.presets.word_problems import problem_rows
+from lrft.config import TrainConfig
+from lrft.presets import SMOLLM2_CPU, SMOLLM2_CUDA, SMOLLM2_TASK, preset_config, smollm2
+from lrft.presets.word_problems import problem_rows
 
 
 def test_the_preset_settings_are_the_defaults() -> None:
@@ -143,7 +143,7 @@ def test_an_api_config_gets_the_presets_reward_and_columns(
 
 
 def test_presets_log_to_tensorboard_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("lrft.trainer.config.fields.tensorboard_available", lambda: True)
+    monkeypatch.setattr("lrft.config.fields.tensorboard_available", lambda: True)
     user_model = ["train", "--preset=smollm2", "--pretrain=m", "--prompt_data=p"]
     assert config_from_args(user_model).use_tensorboard is True
     assert config_from_args([*user_model, "--no-use_tensorboard"]).use_tensorboard is False

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from lrft.trainer.progress import (
+from lrft.run.progress import (
     QUIET_ENVIRONMENT,
     Console,
     library_bars_allowed,

@@ -13,8 +13,8 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from lrft.api.errors import ConfigError
-from lrft.trainer.config import TrainConfig
-from lrft.trainer.demo.tokenizer import build_tokenizer
+from lrft.config import TrainConfig
+from lrft.demos.tokenizer import build_tokenizer
 from lrft.trainer.prompts import eval_prompts, load_prompts
 from tests.trainer.fixtures import make_model_folder
 

@@ -11,8 +11,8 @@ import pytest
 
 from lrft.api.errors import ConfigError
 from lrft.cli import config_from_args
-from lrft.trainer.config import TrainConfig
-from lrft.trainer.resume import RESUMABLE_SETTINGS, check_resume_settings, settings_changes
+from lrft.config import TrainConfig
+from lrft.run.resume import RESUMABLE_SETTINGS, check_resume_settings, settings_changes
 
 MODEL = ["train", "--pretrain=model", "--prompt_data=p.jsonl", "--reward_fn=math"]
 

@@ -12,7 +12,7 @@ import pytest
 
 from lrft.api.errors import ConfigError
 from lrft.cli import config_from_args
-from lrft.trainer.config import TrainConfig
+from lrft.config import TrainConfig
 from lrft.trainer.rewards import check_reward_settings
 
 BASE = ["train", "--pretrain=m", "--prompt_data=p.jsonl"]

@@ -12,8 +12,8 @@ import pytest
 
 from lrft.api.errors import ConfigError
 from lrft.cli import config_from_args
+from lrft.config import TrainConfig
 from lrft.rewards import CombinedReward, PerSampleReward, RewardSample, compute_rewards
-from lrft.trainer.config import TrainConfig
 from lrft.trainer.recipes import read_recipes, recipe_routes
 from lrft.trainer.rewards import check_reward_settings
 from tests.unit.rm.models import save_with_tokenizer, tiny_classifier, tiny_judge

@@ -9,9 +9,9 @@ import pytest
 
 from lrft.api.errors import ConfigError
 from lrft.cli import config_from_args, main
-from lrft.trainer.config import TrainConfig
-from lrft.trainer.metrics import MetricsWriter, read_metrics
-from lrft.trainer.wandb_metrics import WandbMetrics, WandbSettings, new_run_id
+from lrft.config import TrainConfig
+from lrft.run.metrics import MetricsWriter, read_metrics
+from lrft.run.wandb_metrics import WandbMetrics, WandbSettings, new_run_id
 from tests.trainer.wandb_offline import OFFLINE_ENV, history, offline_runs, only, read_records
 
 pytest.importorskip("wandb", reason="needs wandb (pip install 'lrft[wandb]')")
@@ -144,7 +144,7 @@ def test_run_ids_look_like_wandb_ids() -> None:
 def test_missing_wandb_is_refused_before_starting(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("lrft.trainer.config.checks.wandb_available", lambda: False)
+    monkeypatch.setattr("lrft.config.checks.wandb_available", lambda: False)
     with pytest.raises(ConfigError, match=r"use_wandb needs the wandb package.*lrft\[wandb\]"):
         TrainConfig(use_wandb=True)
     assert main([*MODEL, "--use_wandb"]) == 2

@@ -42,12 +42,12 @@ import torch
 
 from lrft.api.media import ProcessedMedia
 from lrft.api.types import SamplingParams
-from lrft.backends.media import MediaBatch, placeholder_token_ids, rope_positions
 from lrft.backends.rollout._hf_attention import GQA_SDPA, use_gqa_sdpa
 from lrft.backends.rollout._hf_cache import RowCache
 from lrft.backends.rollout._hf_rows import Move, RowPlan
 from lrft.backends.rollout._hf_sampling import Mode, choose
 from lrft.backends.rollout._hf_slot import PAD_ID, DecodeOutput, Outputs, Rows, Slot
+from lrft.models.media import MediaBatch, placeholder_token_ids, rope_positions
 
 __all__ = ["LIVE_BUCKET", "PAD_ID", "DecodeOutput", "StaticDecoder", "static_decode_unsupported"]
 

@@ -93,7 +93,7 @@ class Slot:
         self.top_p = torch.ones((), dtype=torch.float32, device=device)
         self.top_k_index = torch.zeros((rows, 1), dtype=torch.long, device=device)
         self.stop_columns = torch.zeros(vocab, dtype=torch.bool, device=device)
-        # ids never sampled: the model's media placeholders (lrft.backends.media)
+        # ids never sampled: the model's media placeholders (lrft.models.media)
         self.never = torch.zeros(vocab, dtype=torch.bool, device=device)
         # One graph per mode, rows and attended width; they share one memory pool, as they never
         # run at once and each leaves its results in the buffers above, not in the pool.

@@ -24,7 +24,7 @@ Media: a vision- or audio-language model (a config with a vision or audio tower)
 declare ``images`` or ``audio``. It takes requests' processed media (``ProcessedMedia``: the
 model processor's tensors, the expanded prompt ids), never raw images: on the ``generate`` path
 as the model's own keyword arguments, in the static loop into each prefill, with an m-RoPE
-model's 3-D positions (``lrft.backends.media``) and, per row, the delta its decode steps add to
+model's 3-D positions (``lrft.models.media``) and, per row, the delta its decode steps add to
 their positions; a row refilled mid-call brings its own.
 """
 
@@ -53,12 +53,6 @@ from lrft.api.types import (
     TensorSpec,
     WeightsResidency,
 )
-from lrft.backends.media import (
-    MediaBatch,
-    load_generative_model,
-    media_modalities,
-    placeholder_token_ids,
-)
 from lrft.backends.rollout._engine_base import EngineAdapter, caller_rng_kept, default_device
 from lrft.backends.rollout._hf_decode import (
     PAD_ID,
@@ -68,6 +62,12 @@ from lrft.backends.rollout._hf_decode import (
 )
 from lrft.backends.rollout._lifecycle import EngineLifecycle, SleepPlan, WakePlan
 from lrft.backends.rollout._weight_moves import FlatWeights
+from lrft.models.media import (
+    MediaBatch,
+    load_generative_model,
+    media_modalities,
+    placeholder_token_ids,
+)
 
 DECODE_PATHS = ("auto", "generate", "static", "cuda_graph", "compiled")
 

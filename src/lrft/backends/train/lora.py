@@ -23,8 +23,8 @@ from lrft.api.errors import CapabilityNotSupported, ConfigError
 from lrft.api.protocols import TrainableModel
 from lrft.api.types import ModelPart, Placement
 from lrft.backends.train._weights_layout import is_peft_model
+from lrft.extras import LORA_EXTRA
 
-LORA_EXTRA = "pip install 'lrft[lora]'"
 ALL_LINEAR = "all-linear"
 """``target_modules`` shorthand: every ``torch.nn.Linear`` but the output head (peft's)."""
 
@@ -142,7 +142,7 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
 def check_lora_model(config: Any, settings: LoraSettings) -> None:
     """The checks of :func:`apply_lora` on a model built from the transformers ``config`` on the
     meta device (no weights, no memory): run before any process group starts."""
-    from lrft.backends.media import generative_model_class
+    from lrft.models.media import generative_model_class
 
     with torch.device("meta"):
         model = generative_model_class(config).from_config(config)

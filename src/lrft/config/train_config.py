@@ -1,12 +1,12 @@
 """The trainer's settings: one frozen record, validated whole before any process group starts.
 
-:class:`TrainConfig` is :class:`lrft.trainer.config.fields.TrainFields` (every field, each
+:class:`TrainConfig` is :class:`lrft.config.fields.TrainFields` (every field, each
 checked on its own as it is set), checked across fields at construction
-(:mod:`lrft.trainer.config.checks`), with the values derived from its fields: the defaults of
+(:mod:`lrft.config.checks`), with the values derived from its fields: the defaults of
 the settings left unset, the policy loss's settings, the engine's memory share.
 :meth:`TrainConfig.validate_world` checks the rules that depend on the number of ranks, read from
 torchrun's environment before ``init_process_group``, and :meth:`TrainConfig.validate_inputs`
-those that read this machine (:mod:`lrft.trainer.config.inputs`). Errors name the value and the
+those that read this machine (:mod:`lrft.config.inputs`). Errors name the value and the
 rule.
 """
 
@@ -33,8 +33,8 @@ from lrft.api.episodes import EpisodeBudget
 from lrft.api.errors import ConfigError
 from lrft.api.optim import OptimizerConfig, ScheduleKind, SchedulerConfig
 from lrft.backends.train.lora import LoraSettings
-from lrft.trainer.config import checks, episodes, inputs, knobs, media_checks
-from lrft.trainer.config.fields import TrainFields
+from lrft.config import checks, episodes, inputs, knobs, media_checks
+from lrft.config.fields import TrainFields
 
 DEFAULT_GAMMA = 1.0
 DEFAULT_LAMBD = 0.95

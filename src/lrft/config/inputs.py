@@ -1,4 +1,4 @@
-"""The checks of :class:`lrft.trainer.config.TrainConfig` that read this machine: model folders,
+"""The checks of :class:`lrft.config.TrainConfig` that read this machine: model folders,
 prompt and DeepSpeed files, and the environment variables that hold reward-service credentials.
 
 :meth:`TrainConfig.validate_inputs` runs them; ``lrft train`` calls it on every rank before any
@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 
 from lrft.api.errors import ConfigError
-from lrft.trainer.config.fields import TrainFields
-from lrft.trainer.config.knobs import prompt_sources
+from lrft.config.fields import TrainFields
+from lrft.config.knobs import prompt_sources
 
 MODEL_CONFIG = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -119,7 +119,7 @@ def check_auth_variables(config: TrainFields) -> None:
 
 
 def validate_inputs(config: TrainFields) -> None:
-    """See :meth:`lrft.trainer.config.TrainConfig.validate_inputs`."""
+    """See :meth:`lrft.config.TrainConfig.validate_inputs`."""
     if config.pretrain is not None:
         check_model_folder("pretrain", config.pretrain, tokenizer=True)
     for path in config.reward_pretrain:

@@ -1,15 +1,14 @@
-"""The rules of :class:`lrft.trainer.config.TrainConfig` that span several fields.
+"""The rules of :class:`lrft.config.TrainConfig` that span several fields.
 
 ``TrainConfig`` runs them at construction, in the order of its ``__attrs_post_init__`` (which
 decides the error a config with several faults reports); :func:`validate_world` runs once the
 number of ranks is known. Each error names the values and the rule. They read the fields only
-(:class:`lrft.trainer.config.fields.TrainFields`); the one rule on a derived value, the policy
+(:class:`lrft.config.fields.TrainFields`); the one rule on a derived value, the policy
 loss's, is given that value.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import urllib.parse
 
 import attrs
@@ -17,11 +16,18 @@ import torch
 
 from lrft.algo import PolicyLossConfig, PolicyLossInputs, advantage_estimators, policy_losses
 from lrft.api.errors import ConfigError
+from lrft.config.choices import ENGINE_MAX_TP
+from lrft.config.fields import TrainFields
+from lrft.extras import (
+    LORA_EXTRA,
+    VLLM_EXTRA,
+    WANDB_EXTRA,
+    installed,
+    vllm_available,
+    wandb_available,
+)
 from lrft.redaction import redact
 from lrft.rewards.retry import retry_backoff_s
-from lrft.trainer.config.choices import ENGINE_MAX_TP
-from lrft.trainer.config.fields import TrainFields
-from lrft.trainer.wandb_metrics import WANDB_EXTRA, wandb_available
 
 CRITIC_SETTINGS = ("critic_pretrain", "critic_learning_rate", "value_clip")
 """The fields that configure the critic, which only value-based estimators (gae) train."""
@@ -34,12 +40,6 @@ ALGORITHM_SETTINGS = (
 """(setting, the switch it needs): each setting is read only when its switch is on."""
 WANDB_SETTINGS = ("wandb_project", "wandb_org", "wandb_group", "wandb_run_name")
 """The fields that say where the W&B run goes; each needs ``use_wandb``."""
-VLLM_EXTRA = "pip install 'lrft[vllm]'"
-
-
-def vllm_available() -> bool:
-    """Whether vllm is installed (looked up, not imported: importing vllm takes seconds)."""
-    return importlib.util.find_spec("vllm") is not None
 
 
 def supported_estimators() -> tuple[str, ...]:
@@ -318,7 +318,7 @@ def check_algorithm_settings(config: TrainFields) -> None:
 
 def check_policy_loss(config: TrainFields, loss_config: PolicyLossConfig) -> None:
     """``policy_loss_type`` accepts the settings ``loss_config`` gives it (derived from the
-    fields by :meth:`lrft.trainer.config.TrainConfig.policy_loss_config`)."""
+    fields by :meth:`lrft.config.TrainConfig.policy_loss_config`)."""
     # A loss refuses the settings it does not read (a dual clip for gspo, say) only when it is
     # called; one call on a one-token batch moves that error here, before any process starts,
     # for losses registered by users as well.
@@ -384,7 +384,7 @@ def check_engine_settings(config: TrainFields) -> None:
 
 
 def validate_world(config: TrainFields, world_size: int) -> None:
-    """See :meth:`lrft.trainer.config.TrainConfig.validate_world`."""
+    """See :meth:`lrft.config.TrainConfig.validate_world`."""
     if world_size % config.engine_tp_size:
         raise ConfigError(
             f"world size {world_size} is not divisible by engine_tp_size "
@@ -408,7 +408,6 @@ def validate_world(config: TrainFields, world_size: int) -> None:
 
 LORA_SETTINGS = ("lora_alpha", "lora_dropout", "target_modules")
 """The fields that shape the LoRA adapters; each needs ``lora_rank``."""
-LORA_EXTRA = "pip install 'lrft[lora]'"
 
 
 def check_lora_settings(config: TrainFields) -> None:
@@ -421,7 +420,7 @@ def check_lora_settings(config: TrainFields) -> None:
                     "0 (the whole model is trained): set lora_rank"
                 )
         return
-    if importlib.util.find_spec("peft") is None:
+    if not installed("peft"):
         raise ConfigError(
             f"lora_rank {config.lora_rank} needs the peft package, which is not installed: "
             f"{LORA_EXTRA}"

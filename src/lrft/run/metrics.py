@@ -1,13 +1,12 @@
 """Metrics: one JSON object per line, always; TensorBoard, W&B and a curve PNG when asked.
 
 TensorBoard and matplotlib (``pip install 'lrft[plots]'``) and wandb (``pip install
-'lrft[wandb]'``, :mod:`lrft.trainer.wandb_metrics`) are optional: they are imported only when
+'lrft[wandb]'``, :mod:`lrft.run.wandb_metrics`) are optional: they are imported only when
 used, so the trainer runs without them.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -15,12 +14,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lrft.extras import PLOTS_EXTRA, matplotlib_available, tensorboard_available
+
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
-    from lrft.trainer.wandb_metrics import WandbMetrics
+    from lrft.run.wandb_metrics import WandbMetrics
 
-PLOTS_EXTRA = "pip install 'lrft[plots]'"
 """How to install the optional plotting and TensorBoard dependencies; named in errors."""
 
 METRICS_FILE = "metrics.jsonl"
@@ -156,14 +156,6 @@ class MetricsWriter:
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     lines = path.read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines if line.strip()]
-
-
-def matplotlib_available() -> bool:
-    return importlib.util.find_spec("matplotlib") is not None
-
-
-def tensorboard_available() -> bool:
-    return importlib.util.find_spec("tensorboard") is not None
 
 
 def plot_curves(metrics_path: Path, output: Path) -> bool:

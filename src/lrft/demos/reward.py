@@ -9,8 +9,8 @@ import attrs
 
 from lrft.api import validators as v
 from lrft.api.errors import ConfigError
+from lrft.demos.task import extract_answer, is_correct
 from lrft.rewards.base import RewardError, RewardOutput, RewardSample
-from lrft.trainer.demo.task import extract_answer, is_correct
 
 
 @attrs.frozen(kw_only=True)

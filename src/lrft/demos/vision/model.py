@@ -1,5 +1,5 @@
 """The vision demo's model: a tiny Qwen2-VL shipped as a Hugging Face folder in
-``lrft/trainer/demo/vision/assets``, with its tokenizer and processor files.
+``lrft/demos/vision/assets``, with its tokenizer and processor files.
 
 ``scripts/make_vision_demo_model.py`` builds the folder (architecture from :func:`model_config`,
 a short supervised warm-up on the training scenes). The tokenizer is the addition demo's (one
@@ -16,8 +16,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2VLConfig
 
-from lrft.trainer.demo.tokenizer import EOS_TOKEN, PAD_TOKEN, _byte_symbols
-from lrft.trainer.demo.vision.task import SIZE
+from lrft.demos.tokenizer import EOS_TOKEN, PAD_TOKEN, _byte_symbols
+from lrft.demos.vision.task import SIZE
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 """The shipped model, tokenizer and processor (``from_pretrained`` loads them offline)."""

@@ -3,36 +3,34 @@ process group starts.
 
 Read top-down, each module importing only those above it:
 
-- :mod:`~lrft.trainer.config.choices`: the names some settings choose among (engines, the hf
+- :mod:`~lrft.config.choices`: the names some settings choose among (engines, the hf
   engine's decoding paths, presets);
-- :mod:`~lrft.trainer.config.validators`: each field's own rule;
-- :mod:`~lrft.trainer.config.fields`: every field, its default and its meaning
-  (:class:`~lrft.trainer.config.fields.TrainFields`);
-- :mod:`~lrft.trainer.config.checks`: the rules across fields, and those on the number of ranks;
-  :mod:`~lrft.trainer.config.inputs`: the rules that read this machine (model folders, files,
+- :mod:`~lrft.config.validators`: each field's own rule;
+- :mod:`~lrft.config.fields`: every field, its default and its meaning
+  (:class:`~lrft.config.fields.TrainFields`);
+- :mod:`~lrft.config.checks`: the rules across fields, and those on the number of ranks;
+  :mod:`~lrft.config.inputs`: the rules that read this machine (model folders, files,
   credential variables);
-- :mod:`~lrft.trainer.config.train_config`: :class:`TrainConfig`, the fields checked at
+- :mod:`~lrft.config.train_config`: :class:`TrainConfig`, the fields checked at
   construction, with the values derived from them (the defaults of unset settings, the policy
   loss's settings, the engine's memory share).
 """
 
-from lrft.trainer.config.checks import (
+from lrft.config.checks import (
     ALGORITHM_SETTINGS,
     CRITIC_SETTINGS,
-    VLLM_EXTRA,
     WANDB_SETTINGS,
     supported_estimators,
     value_based_estimators,
-    vllm_available,
 )
-from lrft.trainer.config.choices import (
+from lrft.config.choices import (
     DEMO_NAMES,
     ENGINE_MAX_TP,
     HF_DECODE_PATHS,
     PRESET_NAMES,
     EngineType,
 )
-from lrft.trainer.config.train_config import (
+from lrft.config.train_config import (
     CPU_KV_CACHE_ENV,
     DEFAULT_CRITIC_LEARNING_RATE,
     DEFAULT_ENGINE_MEM_UTIL,
@@ -45,6 +43,7 @@ from lrft.trainer.config.train_config import (
     DEFAULT_VALUE_CLIP,
     TrainConfig,
 )
+from lrft.extras import VLLM_EXTRA, vllm_available
 
 __all__ = [
     "ALGORITHM_SETTINGS",

@@ -1,4 +1,4 @@
-"""Each field's own rule: the validators and converters of :mod:`lrft.trainer.config.fields`.
+"""Each field's own rule: the validators and converters of :mod:`lrft.config.fields`.
 
 Each raises ``ConfigError`` naming the field, the value and the rule. Numeric checks refuse
 booleans and non-numbers themselves (a config file can hold any JSON value), which is why they
@@ -22,8 +22,8 @@ from lrft.api.errors import ConfigError
 from lrft.api.validators import optional, positive_int
 from lrft.backends import registry
 from lrft.backends.registry import Kind
+from lrft.config.choices import DEMO_NAMES, HF_DECODE_PATHS, PRESET_NAMES
 from lrft.redaction import redact
-from lrft.trainer.config.choices import DEMO_NAMES, HF_DECODE_PATHS, PRESET_NAMES
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """What an environment variable's name may be (``remote_rm_auth_env`` holds names, not tokens)."""

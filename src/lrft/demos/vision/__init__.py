@@ -2,15 +2,15 @@
 into small images, with an exact-answer rule reward; model, processor and task made in-repo and
 shipped with the package.
 
-Read top-down: :mod:`lrft.trainer.demo.vision.task` (scenes, their images and prompt files),
-:mod:`lrft.trainer.demo.vision.model` (the architecture, tokenizer, processor files and the
+Read top-down: :mod:`lrft.demos.vision.task` (scenes, their images and prompt files),
+:mod:`lrft.demos.vision.model` (the architecture, tokenizer, processor files and the
 shipped folder :data:`ASSETS_DIR`, warmed up by ``scripts/make_vision_demo_model.py`` on answers
-that often overcount, so that RL has clear headroom), :mod:`lrft.trainer.demo.vision.settings`
+that often overcount, so that RL has clear headroom), :mod:`lrft.demos.vision.settings`
 (the demo's settings and config). Pillow draws and reads the images.
 """
 
-from lrft.trainer.demo.vision.model import ASSETS_DIR
-from lrft.trainer.demo.vision.settings import VISION_DEMO_SETTINGS, vision_demo_config
-from lrft.trainer.demo.vision.task import Scene, ShapeCountTask
+from lrft.demos.vision.model import ASSETS_DIR
+from lrft.demos.vision.settings import VISION_DEMO_SETTINGS, vision_demo_config
+from lrft.demos.vision.task import Scene, ShapeCountTask
 
 __all__ = ["ASSETS_DIR", "VISION_DEMO_SETTINGS", "Scene", "ShapeCountTask", "vision_demo_config"]

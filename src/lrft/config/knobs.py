@@ -1,7 +1,7 @@
 """The rules of the settings that shape the optimizer's schedule, the KL coefficient's control,
 reward and advantage clipping, the prompt mix, the attention kernel and the backends chosen by
-name (:class:`lrft.trainer.config.TrainConfig` runs them at construction, after
-:mod:`lrft.trainer.config.checks`).
+name (:class:`lrft.config.TrainConfig` runs them at construction, after
+:mod:`lrft.config.checks`).
 
 Each error names the values and the rule; a setting that would change nothing is refused.
 """
@@ -15,12 +15,12 @@ import re
 import torch
 
 from lrft.api.errors import ConfigError
-from lrft.trainer.config.fields import TrainFields
+from lrft.config.fields import TrainFields
 
 DEFAULT_KL_HORIZON = 10_000
 """The adaptive KL controller's horizon in samples when ``kl_horizon`` is unset (LightRFT's)."""
 CHECKPOINT_NAME = re.compile(r"global_step\d+")
-"""The name of one checkpoint's folder (:mod:`lrft.trainer.checkpoint`)."""
+"""The name of one checkpoint's folder (:mod:`lrft.run.checkpoint`)."""
 FLASH_ATTENTION_EXTRA = "pip install flash-attn (CUDA only)"
 FSDP2_SETTINGS = ("fsdp_cpu_offload", "fsdp_reshard_after_forward", "fsdp_defer_gradient_sync")
 """The settings of lrft's ``fsdp2`` backend (each refused with another train backend)."""

@@ -14,8 +14,8 @@ import torch.distributed as dist
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from lrft.api.protocols import TrainableModel, WeightSource
-from lrft.backends.media import generative_model_class
 from lrft.backends.train.lora import peft_model_of, trainable_parameters
+from lrft.models.media import generative_model_class
 
 EXPORT_BUCKET_BYTES = 64 * 2**20
 ADAPTER_FILE = "adapter_model.safetensors"

@@ -1,4 +1,4 @@
-"""The demo model: a tiny Qwen2 shipped as a Hugging Face folder in ``lrft/trainer/demo/assets``.
+"""The demo model: a tiny Qwen2 shipped as a Hugging Face folder in ``lrft/demos/assets``.
 
 ``scripts/make_demo_model.py`` builds the folder (architecture from :func:`model_config`, a short
 supervised warm-up on the training problems). The helpers here decode without transformers'
@@ -22,8 +22,8 @@ from transformers import (
     Qwen2Config,
 )
 
-from lrft.trainer.demo.task import Problem, is_correct
-from lrft.trainer.demo.tokenizer import EOS_ID, MAX_LENGTH, PAD_ID, VOCAB_SIZE
+from lrft.demos.task import Problem, is_correct
+from lrft.demos.tokenizer import EOS_ID, MAX_LENGTH, PAD_ID, VOCAB_SIZE
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 """The shipped model and tokenizer (``from_pretrained`` loads it offline)."""

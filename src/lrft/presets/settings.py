@@ -22,9 +22,9 @@ import attrs
 import torch
 
 from lrft.api.errors import ConfigError
-from lrft.trainer.config import PRESET_NAMES, TrainConfig
-from lrft.trainer.presets import smollm2
-from lrft.trainer.presets.word_problems import (
+from lrft.config import PRESET_NAMES, TrainConfig
+from lrft.presets import smollm2
+from lrft.presets.word_problems import (
     INPUT_KEY,
     REFERENCE_KEY,
     WordProblem,

@@ -1,14 +1,14 @@
-"""The rules of :class:`lrft.trainer.config.TrainConfig` on its media settings (vision- and
+"""The rules of :class:`lrft.config.TrainConfig` on its media settings (vision- and
 audio-language models): what images, audio and the vision demo need, and what does not take
 media yet. Run by ``TrainConfig`` at construction, after the rules of
-:mod:`lrft.trainer.config.checks`."""
+:mod:`lrft.config.checks`."""
 
 from __future__ import annotations
 
 from lrft.algo import advantage_estimators
 from lrft.api.errors import ConfigError
-from lrft.trainer.config.checks import value_based_estimators
-from lrft.trainer.config.fields import TrainFields
+from lrft.config.checks import value_based_estimators
+from lrft.config.fields import TrainFields
 
 
 def check_media_settings(config: TrainFields) -> None:

@@ -1,4 +1,4 @@
-"""The names some settings of :class:`lrft.trainer.config.TrainConfig` choose among: the rollout
+"""The names some settings of :class:`lrft.config.TrainConfig` choose among: the rollout
 engines, the hf engine's decoding paths, the presets and the built-in demos. ``lrft train``'s flags offer the same
 choices (:mod:`lrft.cli.flags`)."""
 
@@ -13,8 +13,8 @@ ENGINE_MAX_TP: dict[str, int | None] = {"hf": 1, "vllm": None}
 HF_DECODE_PATHS = ("auto", "generate", "static", "cuda_graph", "compiled")
 """The hf engine's decoding paths (``HFEngineConfig.decode``)."""
 PRESET_NAMES: tuple[str, ...] = ("smollm2",)
-"""The presets ``lrft train --preset`` offers; each is defined in :mod:`lrft.trainer.presets`."""
+"""The presets ``lrft train --preset`` offers; each is defined in :mod:`lrft.presets`."""
 DEMO_NAMES: tuple[str, ...] = ("addition", "vision")
 """The built-in demos ``lrft train --demo`` runs when no model is given: two-digit addition on a
-tiny Qwen2 (:mod:`lrft.trainer.demo`), or counting shapes in images on a tiny Qwen2-VL
-(:mod:`lrft.trainer.demo.vision`)."""
+tiny Qwen2 (:mod:`lrft.demos`), or counting shapes in images on a tiny Qwen2-VL
+(:mod:`lrft.demos.vision`)."""

@@ -25,7 +25,7 @@ from lrft.api.errors import ConfigError
 if TYPE_CHECKING:
     from attrs import AttrsInstance
 
-    from lrft.trainer.config import TrainConfig
+    from lrft.config import TrainConfig
 
 RESUMABLE_SETTINGS = frozenset(
     {
@@ -160,7 +160,7 @@ def checkpoint_to_resume(config: TrainConfig) -> Path | None:
     job resumed with the same command). Raises ``ConfigError`` for a named checkpoint that is not
     a complete one or has later checkpoints beside it (they would be overwritten), and for a
     given ``ckpt_path`` holding none."""
-    from lrft.trainer import checkpoint as ckpt
+    from lrft.run import checkpoint as ckpt
 
     if config.resume_from is not None:
         named = Path(config.resume_from)

@@ -4,7 +4,7 @@ fields, and the budget's defaults."""
 from __future__ import annotations
 
 from lrft.api.errors import ConfigError
-from lrft.trainer.config.fields import TrainFields
+from lrft.config.fields import TrainFields
 
 DEFAULT_MAX_TURNS = 4
 DEFAULT_MAX_EPISODE_TOKENS = 1024

@@ -8,7 +8,6 @@ credentials ``wandb login`` stored), so it does not show up in process lists or 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 import string
@@ -21,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from lrft.api.errors import ConfigError
+from lrft.extras import WANDB_EXTRA, wandb_available
 from lrft.redaction import redact
 
 if TYPE_CHECKING:
     from wandb.sdk.wandb_run import Run
 
-WANDB_EXTRA = "pip install 'lrft[wandb]'"
 """How to install the optional W&B dependency; named in errors."""
 
 DEFAULT_PROJECT = "lrft"
@@ -34,10 +33,6 @@ FILES_DIR = "wandb"
 """The folder wandb makes for its local files under the settings' ``directory``."""
 
 _RUN_ID_CHARACTERS = string.ascii_lowercase + string.digits
-
-
-def wandb_available() -> bool:
-    return importlib.util.find_spec("wandb") is not None
 
 
 def new_run_id() -> str:

@@ -1,9 +1,9 @@
 """The demo as a training job: ``lrft train`` with no ``--pretrain``.
 
 The settings the demo brings for whatever the user left at its default, and the config that
-trains the shipped model (:mod:`lrft.trainer.demo.model`) on the task's prompt files
-(:mod:`lrft.trainer.demo.task`, written here) with the exact-answer reward
-(:func:`lrft.trainer.demo.reward.exact_answer`).
+trains the shipped model (:mod:`lrft.demos.model`) on the task's prompt files
+(:mod:`lrft.demos.task`, written here) with the exact-answer reward
+(:func:`lrft.demos.reward.exact_answer`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 import attrs
 
 from lrft.api.errors import ConfigError
-from lrft.trainer.config import TrainConfig, value_based_estimators
-from lrft.trainer.demo.model import ASSETS_DIR
-from lrft.trainer.demo.task import INPUT_KEY, REFERENCE_KEY, AdditionTask, write_jsonl
+from lrft.config import TrainConfig, value_based_estimators
+from lrft.demos.model import ASSETS_DIR
+from lrft.demos.task import INPUT_KEY, REFERENCE_KEY, AdditionTask, write_jsonl
 
-DEMO_REWARD = "lrft.trainer.demo:exact_answer"
+DEMO_REWARD = "lrft.demos:exact_answer"
 """The demo's ``reward_fn``."""
 
 DEMO_SETTINGS: dict[str, object] = {
@@ -53,7 +53,7 @@ def demo_settings(values: Mapping[str, object]) -> dict[str, object]:
     """The demo's defaults for a command line whose own settings are ``values`` (the vision
     demo's with ``demo`` ``vision``)."""
     if values.get("demo") == "vision":
-        from lrft.trainer.demo.vision.settings import VISION_DEMO_SETTINGS
+        from lrft.demos.vision.settings import VISION_DEMO_SETTINGS
 
         return dict(VISION_DEMO_SETTINGS)
     estimator = values.get(
@@ -71,7 +71,7 @@ def chosen_demo_config(config: TrainConfig, rank: int) -> TrainConfig:
     """``config`` with the files of the demo ``config.demo`` names (see :func:`demo_config`)."""
     if config.demo == "vision":
         # imported here: the vision demo draws its images with Pillow, an optional dependency
-        from lrft.trainer.demo.vision.settings import vision_demo_config
+        from lrft.demos.vision.settings import vision_demo_config
 
         return vision_demo_config(config, rank)
     return demo_config(config, rank)

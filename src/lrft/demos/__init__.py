@@ -2,28 +2,28 @@
 task with its rule reward, all made in-repo and shipped with the package.
 
 Read top-down: the task, tokenizer, model and reward import nothing else of the trainer; the
-settings build the demo's :class:`~lrft.trainer.config.TrainConfig`.
+settings build the demo's :class:`~lrft.config.TrainConfig`.
 
-- :mod:`lrft.trainer.demo.task`: two-digit addition (``"47+38="`` -> ``"85"``), seeded disjoint
+- :mod:`lrft.demos.task`: two-digit addition (``"47+38="`` -> ``"85"``), seeded disjoint
   training and held-out problem sets (:class:`AdditionTask`), exact answer checking and
   accuracy, JSONL prompt files for :mod:`lrft.data` (``input`` and ``answer`` columns);
-- :mod:`lrft.trainer.demo.tokenizer`: a byte-level tokenizer with no merges (one token per byte);
-- :mod:`lrft.trainer.demo.model`: the shipped model folder (:data:`ASSETS_DIR`), a tiny Qwen2
+- :mod:`lrft.demos.tokenizer`: a byte-level tokenizer with no merges (one token per byte);
+- :mod:`lrft.demos.model`: the shipped model folder (:data:`ASSETS_DIR`), a tiny Qwen2
   warmed up by ``scripts/make_demo_model.py`` on demonstrations that often drop carries, so that
   RL with the exact-answer reward has clear headroom (``scripts/demo_headroom.py`` measures it);
-- :mod:`lrft.trainer.demo.reward`: :class:`AdditionReward`, the rule reward as a ``RewardFn``,
+- :mod:`lrft.demos.reward`: :class:`AdditionReward`, the rule reward as a ``RewardFn``,
   and :func:`exact_answer`, the same rule per sample as the demo's ``reward_fn``;
-- :mod:`lrft.trainer.demo.settings`: the settings the demo brings (:data:`DEMO_SETTINGS`,
+- :mod:`lrft.demos.settings`: the settings the demo brings (:data:`DEMO_SETTINGS`,
   :func:`demo_settings`) and :func:`demo_config`, which writes the prompt files and points the
   config at them and at the model.
 
-``lrft train --demo vision`` runs :mod:`lrft.trainer.demo.vision` instead: a tiny Qwen2-VL
+``lrft train --demo vision`` runs :mod:`lrft.demos.vision` instead: a tiny Qwen2-VL
 counting shapes in images (imported when chosen: it draws with Pillow).
 """
 
-from lrft.trainer.demo.model import ASSETS_DIR, load_model, load_tokenizer
-from lrft.trainer.demo.reward import AdditionReward, exact_answer
-from lrft.trainer.demo.settings import (
+from lrft.demos.model import ASSETS_DIR, load_model, load_tokenizer
+from lrft.demos.reward import AdditionReward, exact_answer
+from lrft.demos.settings import (
     DEMO_CRITIC_SETTINGS,
     DEMO_LORA_SETTINGS,
     DEMO_REWARD,
@@ -32,7 +32,7 @@ from lrft.trainer.demo.settings import (
     demo_config,
     demo_settings,
 )
-from lrft.trainer.demo.task import (
+from lrft.demos.task import (
     INPUT_KEY,
     REFERENCE_KEY,
     AdditionTask,

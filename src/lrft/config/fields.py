@@ -1,10 +1,10 @@
-"""Every setting of :class:`lrft.trainer.config.TrainConfig`: its name, default, own rule and
+"""Every setting of :class:`lrft.config.TrainConfig`: its name, default, own rule and
 meaning.
 
 Field names are LightRFT's flag names (``--rollout_batch_size`` is ``rollout_batch_size``), so a
 LightRFT command line or config file reads the same here. Each field's own rule is checked as it
-is set (:mod:`lrft.trainer.config.validators`); the rules across fields
-(:mod:`lrft.trainer.config.checks`) run when a :class:`TrainConfig` is made, which is why
+is set (:mod:`lrft.config.validators`); the rules across fields
+(:mod:`lrft.config.checks`) run when a :class:`TrainConfig` is made, which is why
 :class:`TrainFields` is not made on its own.
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 import attrs
 
 from lrft.api.errors import ConfigError
+from lrft.config import validators as f
 from lrft.data.images import DEFAULT_MAX_IMAGE_PIXELS
-from lrft.trainer.config import validators as f
-from lrft.trainer.metrics import PLOTS_EXTRA, tensorboard_available
+from lrft.extras import PLOTS_EXTRA, tensorboard_available
 
 
 def _tensorboard_default(config: TrainFields) -> bool:
@@ -37,7 +37,7 @@ def _tensorboard_installed(_: object, attribute: attrs.Attribute[Any], value: bo
 
 @attrs.frozen(kw_only=True)
 class TrainFields:
-    """The fields of :class:`lrft.trainer.config.TrainConfig`, each checked on its own; see
+    """The fields of :class:`lrft.config.TrainConfig`, each checked on its own; see
     ``lrft train --help`` for each field's meaning."""
 
     # model and data ------------------------------------------------------------------------
@@ -46,7 +46,7 @@ class TrainFields:
     or with ``preset`` the preset's model."""
     preset: str | None = attrs.field(default=None, validator=f.preset)
     """A built-in job on a real model (``smollm2``): its model, data, reward and settings fill
-    in whatever is left unset (see :mod:`lrft.trainer.presets`)."""
+    in whatever is left unset (see :mod:`lrft.presets`)."""
     cache_dir: str | None = None
     """Where presets keep converted models; unset: ``$XDG_CACHE_HOME/lrft`` (``~/.cache/lrft``)."""
     prompt_data: str | None = None
@@ -261,10 +261,10 @@ class TrainFields:
     max_ckpt_num: int = attrs.field(default=3, validator=f.positive)
     load_checkpoint: bool = False
     """Resume from the newest complete checkpoint in ``checkpoint_dir``; its settings must
-    match this run's but for :data:`lrft.trainer.resume.RESUMABLE_SETTINGS`."""
+    match this run's but for :data:`lrft.run.resume.RESUMABLE_SETTINGS`."""
     overwrite_output: bool = False
     """Start a new run over another run's outputs in ``save_path`` and ``checkpoint_dir``,
-    removing exactly those outputs first (:mod:`lrft.trainer.outputs`); without it such a run
+    removing exactly those outputs first (:mod:`lrft.run.outputs`); without it such a run
     is refused."""
     eval_steps: int = attrs.field(default=-1, validator=f.every_n_or_never)
     """Evaluate every N iterations; -1: at the start and the end only."""

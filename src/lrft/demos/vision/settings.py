@@ -1,8 +1,8 @@
 """The vision demo as a training job: ``lrft train --demo vision``.
 
 The settings the vision demo brings for whatever the user left at its default, and the config
-that trains the shipped tiny Qwen2-VL (:mod:`lrft.trainer.demo.vision.model`) on prompt files
-with images (:mod:`lrft.trainer.demo.vision.task`, written here as PNG files beside JSONL rows
+that trains the shipped tiny Qwen2-VL (:mod:`lrft.demos.vision.model`) on prompt files
+with images (:mod:`lrft.demos.vision.task`, written here as PNG files beside JSONL rows
 whose ``images`` column holds their relative paths) with the exact-answer reward.
 """
 
@@ -15,9 +15,9 @@ from pathlib import Path
 import attrs
 
 from lrft.api.errors import ConfigError
-from lrft.trainer.config import TrainConfig
-from lrft.trainer.demo.vision.model import ASSETS_DIR
-from lrft.trainer.demo.vision.task import (
+from lrft.config import TrainConfig
+from lrft.demos.vision.model import ASSETS_DIR
+from lrft.demos.vision.task import (
     IMAGES_KEY,
     INPUT_KEY,
     REFERENCE_KEY,
@@ -25,7 +25,7 @@ from lrft.trainer.demo.vision.task import (
     write_problems,
 )
 
-VISION_DEMO_REWARD = "lrft.trainer.demo:exact_answer"
+VISION_DEMO_REWARD = "lrft.demos:exact_answer"
 """The vision demo's ``reward_fn``: the stated integer must be the count."""
 
 VISION_DEMO_SETTINGS: dict[str, object] = {

@@ -33,12 +33,13 @@ import torch.distributed as dist
 import lrft
 from lrft.api.errors import ConfigError
 from lrft.dist import broadcast_object
-from lrft.trainer.checkpoint import checkpoint_entries, checkpoint_owner, latest_checkpoint
-from lrft.trainer.export import HF_MODEL_DIR, LORA_ADAPTER_DIR
-from lrft.trainer.metrics import CURVES_FILE, METRICS_FILE, TENSORBOARD_DIR
-from lrft.trainer.trajectories import TRAJECTORY_DIR
-from lrft.trainer.wandb_metrics import FILES_DIR as WANDB_FILES_DIR
+from lrft.run.checkpoint import checkpoint_entries, checkpoint_owner, latest_checkpoint
+from lrft.run.export import HF_MODEL_DIR, LORA_ADAPTER_DIR
+from lrft.run.metrics import CURVES_FILE, METRICS_FILE, TENSORBOARD_DIR
+from lrft.run.wandb_metrics import FILES_DIR as WANDB_FILES_DIR
 
+TRAJECTORY_DIR = "trajectories"
+"""Where a run's per-step sample records go (:mod:`lrft.trainer.trajectories` writes them)."""
 RUN_FILE = "run.json"
 _SAVE_PATH_ENTRIES = (
     RUN_FILE,
