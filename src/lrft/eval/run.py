@@ -33,12 +33,8 @@ from lrft.data import PromptSample, eval_indices
 from lrft.dist import RankInfo, RolloutLayout, all_gather_objects, init_distributed
 from lrft.eval.metrics import PromptResult, by_label, summarize, table
 from lrft.run import checkpoint as ckpt
-from lrft.trainer.build import (
-    causal_lm,
-    experience_maker,
-    rollout_engine,
-    train_backend,
-)
+from lrft.trainer.build import causal_lm, experience_maker
+from lrft.trainer.components import rollout_engine, train_backend
 from lrft.trainer.experience import ExperienceMaker
 from lrft.trainer.plugins import import_plugins
 from lrft.trainer.prompts import load_prompts

@@ -10,10 +10,9 @@ provides model, data and reward; a ``preset`` provides whichever of them the use
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed import ProcessGroup
@@ -22,13 +21,8 @@ from transformers import AutoConfig, AutoTokenizer
 from lrft import demos as demo
 from lrft.api.errors import ConfigError
 from lrft.api.optim import SchedulerConfig
-from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec
-from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, TrainBackend, WeightSync
+from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, TrainBackend
 from lrft.api.types import ModelPart, SamplingParams
-from lrft.backends import registry
-from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
-from lrft.backends.sync.direct import DEFAULT_BUCKET_BYTES, DirectSync
-from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
 from lrft.backends.train.lora import AdaptersDisabled, apply_lora, check_lora_model
 from lrft.config import TrainConfig
 from lrft.data import MediaProcessor
@@ -45,124 +39,20 @@ from lrft.run import checkpoint as ckpt
 from lrft.run.export import LORA_ADAPTER_DIR, export_hf, export_lora_adapter
 from lrft.run.outputs import claim_outputs
 from lrft.run.resume import check_resume_settings, checkpoint_to_resume
+from lrft.trainer.components import engine_memory_share, rollout_engine, train_backend, weight_sync
 from lrft.trainer.critic import load_critic
 from lrft.trainer.episodes import EpisodeRollout, environment_setup
 from lrft.trainer.experience import Decode, ExperienceMaker
-from lrft.trainer.plugins import import_plugins, plugin_engine, plugin_sync, plugin_train_backend
+from lrft.trainer.plugins import import_plugins
 from lrft.trainer.prompts import eval_prompts, load_prompts, planned_iterations
 from lrft.trainer.rewards import build_reward, check_reward_settings, data_labels
 from lrft.trainer.trainer import RLTrainer
 
 if TYPE_CHECKING:
-    from lrft.backends.train.deepspeed import ZeroStage
+    pass
 
 ENGINE_SLEEP_LEVEL = 2
 """Training rollouts sleep at level 2: a weight sync always follows and reloads the weights."""
-
-
-def _rollout_dtype(info: RankInfo) -> torch.dtype:
-    # The dtype the train backends compute in (bf16 mixed precision on CUDA, fp32 on the CPU),
-    # so rollouts and training logprobs come from the same numerics.
-    return torch.bfloat16 if info.device.type == "cuda" else torch.float32
-
-
-def _hf_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> RolloutEngine:
-    chunk = config.micro_rollout_batch_size * config.n_samples_per_prompt
-    engine_config = HFEngineConfig(
-        dtype=_rollout_dtype(info), max_batch_size=chunk, decode=config.hf_decode
-    )
-    return HFRolloutEngine.from_pretrained(pretrain, config=engine_config)
-
-
-def _vllm_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> RolloutEngine:
-    """One vLLM engine per TP group of consecutive ranks; collective over the default group."""
-    # imported here: vllm is an optional dependency and lrft never imports it unasked
-    from lrft.backends.rollout.vllm import VLLMEngineConfig, VLLMRolloutEngine
-
-    chunk = config.micro_rollout_batch_size * config.n_samples_per_prompt
-    engine_config = VLLMEngineConfig(
-        dtype=_rollout_dtype(info),
-        tp_size=config.engine_tp_size,
-        max_model_len=(
-            None
-            if config.prompt_max_len is None
-            else config.prompt_max_len + config.generate_max_len
-        ),
-        # the group's ranks hand their chunks to one engine
-        max_num_seqs=chunk * config.engine_tp_size,
-        gpu_memory_utilization=_engine_memory_share(config, info),
-        seed=config.seed,
-    )
-    return VLLMRolloutEngine(pretrain, config=engine_config)
-
-
-def _engine_memory_share(config: TrainConfig, info: RankInfo) -> float:
-    return config.engine_memory_share(
-        local_world_size=info.local_world_size, on_cuda=info.device.type == "cuda"
-    )
-
-
-ENGINES: dict[str, Callable[[str, TrainConfig, RankInfo], RolloutEngine]] = {
-    "hf": _hf_engine,
-    "vllm": _vllm_engine,
-}
-"""lrft's own rollout engines, built from their own settings; each must be listed in
-``ENGINE_MAX_TP``. Any other registered engine is built from its :class:`EngineSpec`."""
-
-
-def rollout_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> RolloutEngine:
-    """The ``engine_type`` engine serving ``pretrain`` on this rank (collective for TP
-    engines)."""
-    registry.load("rollout", config.engine_type)  # a missing package's error names its extra
-    build = ENGINES.get(config.engine_type)
-    if build is not None:
-        return build(pretrain, config, info)
-    spec = EngineSpec(
-        model_dir=pretrain,
-        device=info.device,
-        dtype=_rollout_dtype(info),
-        tp_size=config.engine_tp_size,
-        max_batch_size=config.micro_rollout_batch_size * config.n_samples_per_prompt,
-        max_model_len=None
-        if config.prompt_max_len is None
-        else config.prompt_max_len + config.generate_max_len,
-        seed=config.seed,
-    )
-    return plugin_engine(config.engine_type, spec)
-
-
-def weight_sync(config: TrainConfig) -> WeightSync:
-    """The ``weight_sync`` sync: lrft's ``direct``, or a registered package's."""
-    if config.weight_sync == "direct":
-        return DirectSync()
-    return plugin_sync(config.weight_sync, WeightSyncSpec(bucket_bytes=DEFAULT_BUCKET_BYTES))
-
-
-def train_backend(config: TrainConfig, info: RankInfo | None = None) -> TrainBackend:
-    """The train backend ``config`` names (:attr:`TrainConfig.train_backend_name`): FSDP2 by
-    default, DeepSpeed ZeRO at ``zero_stage``, or a registered package's (built for ``info``'s
-    rank, torchrun's by default)."""
-    name = config.train_backend_name
-    registry.load("train", name)  # a missing package's error names its extra
-    if name not in ("fsdp2", "deepspeed"):
-        rank = info if info is not None else RankInfo.from_env()
-        return plugin_train_backend(name, TrainBackendSpec(device=rank.device, seed=config.seed))
-    if name == "fsdp2":
-        return FSDP2Backend(
-            FSDP2Config(
-                cpu_offload=config.fsdp_cpu_offload,
-                reshard_after_forward=config.fsdp_reshard_after_forward,
-                defer_gradient_sync=config.fsdp_defer_gradient_sync,
-            )
-        )
-    # imported here: deepspeed is an optional dependency and lrft never imports it unasked
-    from lrft.backends.train.deepspeed import DeepSpeedBackend, DeepSpeedConfig, read_override
-
-    override = (
-        {} if config.deepspeed_config is None else read_override(Path(config.deepspeed_config))
-    )
-    stage = cast("ZeroStage", config.zero_stage)
-    return DeepSpeedBackend(DeepSpeedConfig(zero_stage=stage, override=override))
 
 
 def build_critic(
@@ -285,7 +175,7 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
     import_plugins(config.plugins)
     config.validate_world(info.world_size)
     if config.engine_type == "vllm":
-        _engine_memory_share(config, info)  # its ConfigError before any process group starts
+        engine_memory_share(config, info)  # its ConfigError before any process group starts
     _check_outputs(config, info.rank)
     if config.preset is not None:
         config = preset_config(config, info.rank)

@@ -10,7 +10,7 @@ import torch
 from lrft.backends.rollout.hf import HFRolloutEngine
 from lrft.cli import config_from_args
 from lrft.dist import RankInfo
-from lrft.trainer.build import _hf_engine
+from lrft.trainer.components import _hf_engine
 from tests.trainer.fixtures import make_model_folder
 
 INFO = RankInfo(rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"))

@@ -13,7 +13,7 @@ from lrft.backends import registry
 from lrft.backends.registry import Kind
 from lrft.backends.sync.direct import DEFAULT_BUCKET_BYTES
 from lrft.cli import config_from_args
-from lrft.trainer.build import weight_sync
+from lrft.trainer.components import weight_sync
 from lrft.trainer.plugins import import_plugins, plugin_engine, plugin_sync, plugin_train_backend
 
 MODEL = ["train", "--pretrain=m", "--prompt_data=p.jsonl", "--reward_fn=math"]
