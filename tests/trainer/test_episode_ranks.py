@@ -24,7 +24,7 @@ from lrft.data import PromptSample
 from lrft.dist import RolloutLayout
 from lrft.rewards import PerSampleReward
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
-from lrft.trainer.episodes import EpisodeRollout
+from lrft.trainer.episodes import EpisodeRunner
 from lrft.trainer.experience import ExperienceMaker
 
 OBSERVATION = 7
@@ -90,7 +90,7 @@ def _rounds(tp_size: int) -> tuple[list[list[tuple[int, ...]]], list[tuple[int, 
         device=torch.device("cpu"),
         tp_group=group,
     )
-    rollout = EpisodeRollout(
+    rollout = EpisodeRunner(
         environment="countdown",
         setup=EnvironmentSetup(tokenizer=cast(PreTrainedTokenizerBase, None)),
         budget=EpisodeBudget(max_turns=5, max_total_tokens=64),

@@ -1,6 +1,6 @@
 """The one advantage normalisation stage.
 
-Step 8 of an RL iteration (DESIGN.md, "One RL iteration"): an estimator produces raw advantages,
+Step 4 of an RL iteration (docs/trainer.md, "One iteration"): an estimator produces raw advantages,
 then :func:`normalize_advantages` whitens them over the batch if and only if the estimator's
 registration says ``whiten=True``. It marks its output ``normalized`` and refuses an input that
 is already marked, so no path can whiten twice. Nothing else in lrft rescales advantages: the

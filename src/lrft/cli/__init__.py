@@ -213,10 +213,11 @@ def _train_main(argv: list[str]) -> int:
     _single_process_env()
     if not library_bars_allowed(rank=int(rank), requested=config.progress_bar, stream=sys.stderr):
         silence_library_bars()  # before any model, dataset or engine is loaded
+    from lrft.demos.apply import apply_demo_or_preset
     from lrft.trainer.build import build_trainer
 
     try:
-        trainer = build_trainer(config)
+        trainer = build_trainer(apply_demo_or_preset(config, int(rank)))
         result = trainer.fit()
     except ConfigError as error:
         _fail(f"lrft: rank {rank}: configuration error: {error}")

@@ -1,31 +1,31 @@
-"""Build a ready :class:`RLTrainer` from a :class:`TrainConfig`: models, backend, engine, data.
+"""The composition root: every part of an :class:`RLTrainer` built from a :class:`TrainConfig`.
 
-Composes only the Protocols' implementations, each chosen by its registered name
-(:mod:`lrft.backends.registry`): lrft's ``fsdp2`` or ``deepspeed`` TrainBackend, ``hf`` or
-``vllm`` engine and ``direct`` weight sync are built from their own settings, an installed
-package's from its spec (:mod:`lrft.trainer.plugins`). With no ``pretrain`` the built-in demo
-provides model, data and reward; a ``preset`` provides whichever of them the user left unset
-(:mod:`lrft.presets`).
+:func:`build_trainer` checks the run's folders, settings and files before any process group
+starts, then builds, in order: the prompts, the train backend and its models (actor, reference,
+critic), the reward, the rollout stack (engine, TP group, experience maker: shared with
+``lrft eval``, :func:`rollout_stack`), the rollout of the configured mode
+(:mod:`lrft.trainer.rollout`), the phases, the updates and the run's records. The trainer only
+runs them. The Protocols' implementations come from :mod:`lrft.trainer.components`. A run with
+no model of its own gets the demo's or a preset's first (:mod:`lrft.demos.apply`).
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+import attrs
 import torch
 from torch.distributed import ProcessGroup
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from lrft import demos as demo
 from lrft.api.errors import ConfigError
 from lrft.api.optim import SchedulerConfig
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, TrainBackend
 from lrft.api.types import ModelPart, SamplingParams
-from lrft.backends.train.lora import AdaptersDisabled, apply_lora, check_lora_model
+from lrft.backends.train.lora import AdaptersDisabled, apply_lora
 from lrft.config import TrainConfig
-from lrft.data import MediaProcessor
+from lrft.data import DistributedPromptSampler, MediaProcessor
 from lrft.dist import PhaseWatch, RankInfo, RolloutLayout, init_distributed
 from lrft.models.media import (
     freeze_audio_tower,
@@ -33,23 +33,30 @@ from lrft.models.media import (
     keep_vision_tower_running,
     load_generative_model,
 )
-from lrft.presets import preset_config
 from lrft.rewards import RewardFn
-from lrft.run import checkpoint as ckpt
 from lrft.run.export import LORA_ADAPTER_DIR, export_hf, export_lora_adapter
 from lrft.run.outputs import claim_outputs
-from lrft.run.resume import check_resume_settings, checkpoint_to_resume
+from lrft.trainer.colocation import Colocation
 from lrft.trainer.components import engine_memory_share, rollout_engine, train_backend, weight_sync
-from lrft.trainer.critic import load_critic
-from lrft.trainer.episodes import EpisodeRollout, environment_setup
+from lrft.trainer.critic import CriticUpdate, load_critic
+from lrft.trainer.episodes import EpisodeRunner
 from lrft.trainer.experience import Decode, ExperienceMaker
 from lrft.trainer.plugins import import_plugins
+from lrft.trainer.policy import PolicyUpdate, needs_old_logprob_pass
+from lrft.trainer.preflight import check_before_start
 from lrft.trainer.prompts import eval_prompts, load_prompts, planned_iterations
-from lrft.trainer.rewards import build_reward, check_reward_settings, data_labels
-from lrft.trainer.trainer import RLTrainer
-
-if TYPE_CHECKING:
-    pass
+from lrft.trainer.records import RunRecords
+from lrft.trainer.replay import ReplayBuffer
+from lrft.trainer.rewards import build_reward, data_labels
+from lrft.trainer.rollout import (
+    EpisodeRollout,
+    RefillRollout,
+    Rollout,
+    RolloutParts,
+    RolloutSeeds,
+    SingleTurnRollout,
+)
+from lrft.trainer.trainer import RLTrainer, TrainerParts
 
 ENGINE_SLEEP_LEVEL = 2
 """Training rollouts sleep at level 2: a weight sync always follows and reloads the weights."""
@@ -151,48 +158,63 @@ def causal_lm(config: TrainConfig) -> torch.nn.Module:
     return model
 
 
-def _check_outputs(config: TrainConfig, rank: int) -> None:
-    """Whether this run may write into its folders (:func:`claim_outputs`, which with
-    ``overwrite_output`` clears them), before the demo or a preset writes its prompt files."""
-    removed = claim_outputs(config, rank=rank)
-    if removed is not None:
-        print(removed, flush=True)
+@attrs.frozen(kw_only=True, eq=False)
+class RolloutStack:
+    """What generates and scores: the engine serving the policy on this rank, its TP group
+    (``None`` at TP 1), and the experience maker around them and the reward."""
+
+    engine: RolloutEngine
+    tp_group: ProcessGroup | None
+    maker: ExperienceMaker
 
 
-def _check_resume(config: TrainConfig) -> None:
-    """A resume's settings against its checkpoint's, once the demo or preset filled them in."""
-    if not config.load_checkpoint:
-        return
-    latest = checkpoint_to_resume(config)
-    if latest is not None:
-        check_resume_settings(ckpt.read_manifest(latest), config, latest)
+def rollout_stack(
+    config: TrainConfig,
+    info: RankInfo,
+    *,
+    pretrain: str,
+    reward: RewardFn,
+    tokenizer: PreTrainedTokenizerBase,
+    device: torch.device,
+) -> RolloutStack:
+    """The engine serving ``pretrain``, its TP group and the experience maker, as ``lrft
+    train`` and ``lrft eval`` both build them. Collective over the default group."""
+    engine = rollout_engine(pretrain, config, info)
+    tp_group = None
+    if config.engine_tp_size > 1:
+        layout = RolloutLayout(world_size=info.world_size, tp_size=config.engine_tp_size)
+        tp_group = layout.build_groups().tp_group
+    maker = experience_maker(
+        config,
+        engine=engine,
+        decode=lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=True)),
+        reward=reward,
+        device=device,
+        tp_group=tp_group,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    return RolloutStack(engine=engine, tp_group=tp_group, maker=maker)
 
 
 def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLTrainer:
     """Check the run's folders, settings and files, then start the process group (with the
-    configured collective timeout) and its phase watch, and build everything."""
+    configured collective timeout) and its phase watch, and build everything. ``config`` names
+    its model and prompts (``lrft train`` fills in the demo's or a preset's first)."""
     info = rank_info if rank_info is not None else RankInfo.from_env()
     import_plugins(config.plugins)
     config.validate_world(info.world_size)
     if config.engine_type == "vllm":
         engine_memory_share(config, info)  # its ConfigError before any process group starts
-    _check_outputs(config, info.rank)
-    if config.preset is not None:
-        config = preset_config(config, info.rank)
-    elif config.pretrain is None:
-        config = demo.chosen_demo_config(config, info.rank)
-    elif config.demo != "addition":
+    removed = claim_outputs(config, rank=info.rank)
+    if removed is not None:
+        print(removed, flush=True)
+    if config.pretrain is None or config.prompt_data is None:
         raise ConfigError(
-            f"demo {config.demo!r} runs only when no pretrain is given (it brings its own "
-            f"model and data), but pretrain is {config.pretrain!r}"
+            f"pretrain {config.pretrain!r} and prompt_data {config.prompt_data!r}: the trainer "
+            "needs both (lrft train fills them in from the demo or a preset first: "
+            "lrft.demos.apply.apply_demo_or_preset)"
         )
-    assert config.pretrain is not None
-    assert config.prompt_data is not None
-    config.validate_inputs()
-    _check_resume(config)
-    check_reward_settings(config)
-    _check_lora(config)
-    _check_environment(config)
+    check_before_start(config)
     init_distributed(info, timeout=timedelta(seconds=config.collective_timeout_s))
     watch = PhaseWatch.for_default_group(config.collective_timeout_s)
     watch.start()
@@ -207,7 +229,6 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
 def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
     """Everything ``build_trainer`` makes once the process group is up. Collective."""
     assert config.pretrain is not None
-    assert config.prompt_data is not None
     torch.manual_seed(config.seed)
     # A vision-language model's prompts are formatted by its own processor (which holds its
     # tokenizer): the images' placeholders and their expansion are the model's.
@@ -251,42 +272,52 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         if config.uses_critic
         else (None, frozenset[ModelPart]())
     )
-    engine = rollout_engine(config.pretrain, config, info)
-    sync = weight_sync(config)
+    stack = rollout_stack(
+        config,
+        info,
+        pretrain=config.pretrain,
+        reward=reward,
+        tokenizer=tokenizer,
+        device=backend.device,
+    )
     if info.rank == 0:
         print(
-            f"backends: train {backend.name}, engine {engine.name}, weight sync "
+            f"backends: train {backend.name}, engine {stack.engine.name}, weight sync "
             f"{config.weight_sync}",
             flush=True,
         )
-    tp_group = None
-    if config.engine_tp_size > 1:
-        tp_group = (
-            RolloutLayout(world_size=info.world_size, tp_size=config.engine_tp_size)
-            .build_groups()
-            .tp_group
-        )
-    maker = experience_maker(
-        config,
-        engine=engine,
-        decode=lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=True)),
-        reward=reward,
+    colocation = Colocation(
+        engine=stack.engine,
+        actor=actor,
+        reference=reference,
+        sync=weight_sync(config),
         device=backend.device,
-        tp_group=tp_group,
-        eos_token_id=tokenizer.eos_token_id,
+        sleep_level=ENGINE_SLEEP_LEVEL if config.enable_engine_sleep else None,
+        # A backend that moves no parameters (FSDP2 cpu_offload) keeps them on the host already;
+        # a LoRA reference is the actor: nothing of its own to move.
+        offload_reference=config.enable_engine_sleep
+        and ModelPart.PARAMETERS in backend.capabilities.offload
+        and config.lora is None,
+        offload_optimizer=config.adam_offload,
+        critic=critic,
+        critic_offload=critic_offload,
+        watch=watch,
     )
-    episodes = None
-    budget = config.episode_budget()
-    if config.environment is not None and budget is not None:
-        episodes = EpisodeRollout.build(
-            environment=config.environment,
-            tools=config.tools,
-            options=config.environment_option_values(),
-            tokenizer=tokenizer,
-            budget=budget,
-            generate=maker.generate_requests,
-            device=backend.device,
-        )
+    sampler = DistributedPromptSampler(
+        num_samples=len(train_data),
+        global_batch_size=config.rollout_batch_size,
+        rank=info.rank,
+        world_size=info.world_size,
+        seed=config.seed,
+    )
+    parts = RolloutParts(
+        colocation=colocation,
+        maker=stack.maker,
+        data=train_data,
+        sampler=sampler,
+        seeds=RolloutSeeds(seed=config.seed, rank=info.rank, tp_size=config.engine_tp_size),
+        n=config.n_samples_per_prompt,
+    )
     pretrain = config.pretrain
 
     def export(directory: Path) -> None:
@@ -296,49 +327,56 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
                 actor, pretrained=pretrain, directory=directory.with_name(LORA_ADAPTER_DIR)
             )
 
+    per_rank_train = config.train_batch_size // info.world_size
     return RLTrainer(
-        config=config,
-        actor=actor,
-        reference=reference,
-        engine=engine,
-        sync=sync,
-        maker=maker,
-        train_data=train_data,
-        eval_data=eval_data,
-        device=backend.device,
-        export=export if config.save_hf_model else None,
-        sleep_level=ENGINE_SLEEP_LEVEL if config.enable_engine_sleep else None,
-        critic=critic,
-        critic_offload=critic_offload,
-        # A backend that moves no parameters (FSDP2 cpu_offload) keeps them on the host already.
-        offload_reference=config.enable_engine_sleep
-        and ModelPart.PARAMETERS in backend.capabilities.offload
-        and config.lora is None,  # a LoRA reference is the actor: nothing of its own to move
-        watch=watch,
-        episodes=episodes,
+        config,
+        TrainerParts(
+            actor=actor,
+            critic=critic,
+            colocation=colocation,
+            rollout=_rollout(config, parts, tokenizer, watch),
+            maker=stack.maker,
+            sampler=sampler,
+            train_data=train_data,
+            eval_data=eval_data,
+            update=PolicyUpdate.from_config(config, world_size=info.world_size),
+            critic_update=CriticUpdate(
+                micro_batch_size=config.micro_train_batch_size,
+                accumulation=per_rank_train // config.micro_train_batch_size,
+                epochs=config.max_epochs,
+                value_clip=config.value_clip_range,
+                max_tokens_per_micro_batch=config.max_tokens_per_micro_batch,
+            ),
+            buffer=ReplayBuffer(seed=config.seed),
+            old_logprob_pass=needs_old_logprob_pass(config, actor.module),
+            records=RunRecords.for_run(config, info.rank),
+            watch=watch,
+            export=export if config.save_hf_model else None,
+            device=backend.device,
+        ),
     )
 
 
-def _check_environment(config: TrainConfig) -> None:
-    """The environment, its options and its tools, made once with the model's tokenizer before
-    any process group starts (a bad option or a template that cannot render the environment's
-    roles is a ``ConfigError`` naming it)."""
-    if config.environment is None:
-        return
-    assert config.pretrain is not None
-    tokenizer = AutoTokenizer.from_pretrained(config.pretrain)
-    environment_setup(
-        config.environment, config.tools, config.environment_option_values(), tokenizer
-    )
-
-
-# --- LoRA -------------------------------------------------------------------------------------
-
-
-def _check_lora(config: TrainConfig) -> None:
-    """The adapters ``config`` asks for fit its model (their target modules exist and are
-    linear, peft can wrap it), checked on a weightless copy before any process group starts."""
-    if config.lora is None:
-        return
-    assert config.pretrain is not None
-    check_lora_model(AutoConfig.from_pretrained(config.pretrain), config.lora)
+def _rollout(
+    config: TrainConfig,
+    parts: RolloutParts,
+    tokenizer: PreTrainedTokenizerBase,
+    watch: PhaseWatch,
+) -> Rollout:
+    """The rollout of the configured mode: episodes of an environment, dynamic sampling's
+    refill, or one response per sample."""
+    budget = config.episode_budget()
+    if config.environment is not None and budget is not None:
+        runner = EpisodeRunner.build(
+            environment=config.environment,
+            tools=config.tools,
+            options=config.environment_option_values(),
+            tokenizer=tokenizer,
+            budget=budget,
+            generate=parts.maker.generate_requests,
+            device=parts.maker.device,
+        )
+        return EpisodeRollout(parts, runner)
+    if config.dynamic_sampling:
+        return RefillRollout(parts, max_rounds=config.generate_rounds, watch=watch)
+    return SingleTurnRollout(parts)

@@ -1,9 +1,10 @@
 """The colocated phase lifecycle: which memory is where during each phase of an iteration.
 
 Training and rollout share each rank's device. :class:`Colocation` owns the order of the phases
-that move memory (DESIGN.md, "One RL iteration"): wake the engine, generate, put the engine to
-sleep, actor logprobs, reference logprobs (reloading the reference model, then offloading it),
-critic values, rewards, advantages, policy epochs (reloading the optimizer state first when it is
+that move memory (docs/trainer.md, "One iteration"): wake the engine, generate, put the engine
+to sleep, rewards (the rollout's last step: reward models are reloaded, then offloaded), actor
+logprobs, reference logprobs (reloading the reference model, then offloading it), critic
+values, advantages, policy epochs (reloading the optimizer state first when it is
 offloaded), critic epochs, weight sync into the engine. The critic phases run only for value-based
 estimators; the critic's offloaded parts come back for its two phases and leave again after
 them. It logs device memory at each phase boundary.
@@ -29,10 +30,10 @@ T = TypeVar("T")
 
 PHASES = (
     "generate",
+    "rewards",
     "actor_logprobs",
     "reference_logprobs",
     "critic_values",
-    "rewards",
     "advantages",
     "policy",
     "critic",

@@ -1,6 +1,6 @@
 """Multi-turn rollouts in the trainer: each prompt's ``n`` samples are episodes of an environment.
 
-:class:`EpisodeRollout` turns a rank's prompts into :class:`~lrft.api.EpisodeTask` (the row's
+:class:`EpisodeRunner` turns a rank's prompts into :class:`~lrft.api.EpisodeTask` (the row's
 input as written, its reference, label and metadata) and runs them with
 :func:`lrft.agents.run_episodes` through the experience maker's TP-group generate, with an
 ``any_live`` all-reduce over the default group, so that every rank calls the engine in every
@@ -223,7 +223,7 @@ def environment_setup(
 
 
 @attrs.define(kw_only=True)
-class EpisodeRollout:
+class EpisodeRunner:
     """Runs a rank's prompts as episodes of ``environment``; see the module docstring.
 
     ``tools`` are made once (a tool is thread-safe and holds no episode state); a fresh
@@ -249,7 +249,7 @@ class EpisodeRollout:
         budget: EpisodeBudget,
         generate: GenerateFn,
         device: torch.device,
-    ) -> EpisodeRollout:
+    ) -> EpisodeRunner:
         """Make the tools and one environment (:func:`environment_setup`)."""
         return cls(
             environment=environment,

@@ -1,10 +1,11 @@
-"""``RLTrainer``: the colocated RL loop: GRPO-family estimators, and PPO with a critic (gae)."""
+"""``RLTrainer``: the RL loop over built parts: GRPO-family estimators, and PPO with a critic
+(gae). Each iteration reads as its steps (docs/trainer.md, "One iteration")."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,33 +16,28 @@ import torch.distributed as dist
 import lrft
 from lrft.algo import AdaptiveKLController, KLController, RunningMoments
 from lrft.api.errors import ConfigError
-from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, WeightSync
-from lrft.api.types import ModelPart
+from lrft.api.protocols import TrainableModel
 from lrft.config import TrainConfig
 from lrft.data import DistributedPromptSampler, PromptDataset, eval_indices
 from lrft.dist import PhaseWatch, mean_over_ranks, sum_over_ranks
 from lrft.redaction import redact
 from lrft.run import checkpoint as ckpt
 from lrft.run.export import HF_MODEL_DIR
-from lrft.run.metrics import CURVES_FILE, MetricsWriter, plot_curves
-from lrft.run.outputs import TRAJECTORY_DIR, claim_outputs, own_outputs
-from lrft.run.progress import Console
+from lrft.run.metrics import CURVES_FILE, plot_curves
+from lrft.run.outputs import claim_outputs, own_outputs
 from lrft.run.resume import check_resume_settings, check_schedule, checkpoint_to_resume
-from lrft.run.wandb_metrics import DEFAULT_PROJECT, WandbMetrics, WandbSettings
 from lrft.trainer.colocation import Colocation
 from lrft.trainer.critic import CriticUpdate, critic_values
-from lrft.trainer.episodes import EpisodeBatch, EpisodeRollout, add_turns, with_returns
-from lrft.trainer.experience import ExperienceMaker, pack_engine_logprobs, reward_means
-from lrft.trainer.policy import PolicyUpdate, needs_old_logprob_pass
+from lrft.trainer.episodes import add_turns
+from lrft.trainer.experience import ExperienceBatch, ExperienceMaker, reward_means
+from lrft.trainer.policy import PolicyUpdate
+from lrft.trainer.records import RunRecords
 from lrft.trainer.replay import ReplayBuffer
-from lrft.trainer.sampling import Refill, ScoredGroups, continuation_seed, refill_groups
-from lrft.trainer.sequences import pack, row_media
-from lrft.trainer.trajectories import TrajectoryWriter, sample_records
+from lrft.trainer.rollout import Rollout, RolloutBatch
+from lrft.trainer.trajectories import sample_records
 from lrft.trainer.trajectory_pages import group_pictures
 
 logger = logging.getLogger(__name__)
-
-EVAL_SLEEP_LEVEL = 1
 
 
 @attrs.frozen(kw_only=True)
@@ -52,126 +48,80 @@ class FitResult:
     seconds: float
 
 
-class RLTrainer:
-    """Runs ``config``'s iterations on already-built components; see DESIGN.md.
+@attrs.frozen(kw_only=True, eq=False)
+class TrainerParts:
+    """Everything an :class:`RLTrainer` runs, built by :func:`lrft.trainer.build.build_trainer`.
 
-    Construction does no collective work; :meth:`fit` is collective over the default group.
-    ``export`` writes the Hugging Face folder (collective); ``None`` skips it. ``critic`` is
-    required exactly when the estimator is value-based (``config.uses_critic``);
-    ``critic_offload`` names the critic's parts kept on the host outside its phases, and
-    ``offload_reference`` keeps the reference's parameters on the host outside its pass (only
-    for a backend that declares parameter offload). ``watch`` is told every phase and step, so a
-    collective timeout names them (default: a watch over the default group, started here).
-    ``episodes`` rolls out multi-turn episodes instead of one response per sample
-    (:mod:`lrft.trainer.episodes`), in training and evaluation alike.
+    ``colocation`` owns the engine, the reference model, the weight sync and the phases;
+    ``rollout`` makes each iteration's samples (:mod:`lrft.trainer.rollout`); ``maker`` turns
+    them into experience; ``update`` and ``critic_update`` run the policy's and the critic's
+    epochs over ``buffer``. ``critic`` is set exactly when the estimator is value-based.
+    ``old_logprob_pass``: whether the policy loss needs the actor's own logprobs before the
+    update (else its first epoch's are used). ``export`` writes the Hugging Face folder
+    (collective; ``None`` skips it). ``watch`` is told every phase and step, so a collective
+    timeout names them. ``records`` are the run's metrics, console and trajectories.
     """
 
-    def __init__(
-        self,
-        *,
-        config: TrainConfig,
-        actor: TrainableModel,
-        reference: FrozenModel | None,
-        engine: RolloutEngine,
-        sync: WeightSync,
-        maker: ExperienceMaker,
-        train_data: PromptDataset,
-        eval_data: PromptDataset | None,
-        device: torch.device,
-        export: Callable[[Path], None] | None = None,
-        sleep_level: int | None = None,
-        critic: TrainableModel | None = None,
-        critic_offload: Collection[ModelPart] = (),
-        offload_reference: bool = False,
-        watch: PhaseWatch | None = None,
-        episodes: EpisodeRollout | None = None,
-    ) -> None:
-        if (critic is not None) != config.uses_critic:
+    actor: TrainableModel
+    critic: TrainableModel | None
+    colocation: Colocation
+    rollout: Rollout
+    maker: ExperienceMaker
+    sampler: DistributedPromptSampler
+    train_data: PromptDataset
+    eval_data: PromptDataset | None
+    update: PolicyUpdate
+    critic_update: CriticUpdate
+    buffer: ReplayBuffer
+    old_logprob_pass: bool
+    records: RunRecords
+    watch: PhaseWatch
+    export: Callable[[Path], None] | None
+    device: torch.device
+
+
+class RLTrainer:
+    """Runs ``config``'s iterations on already-built parts (docs/trainer.md, "One iteration").
+
+    Construction does no collective work; :meth:`fit` is collective over the default group.
+    """
+
+    def __init__(self, config: TrainConfig, parts: TrainerParts) -> None:
+        if (parts.critic is not None) != config.uses_critic:
             raise ConfigError(
                 f"advantage_estimator {config.advantage_estimator!r} "
                 f"{'needs a' if config.uses_critic else 'trains no'} critic, but "
-                f"{'none was' if critic is None else 'one was'} given"
+                f"{'none was' if parts.critic is None else 'one was'} given"
             )
         self.config = config
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
         config.validate_world(self.world_size)
-        self.actor = actor
-        self.critic = critic
-        self.engine = engine
-        self.maker = maker
-        self.episodes = episodes
-        self.train_data = train_data
-        self.eval_data = eval_data
-        self.device = device
-        self.export = export
-        if watch is None:
-            watch = PhaseWatch.for_default_group(config.collective_timeout_s)
-            watch.start()
-        self.watch = watch
-        self.colocation = Colocation(
-            engine=engine,
-            actor=actor,
-            reference=reference,
-            sync=sync,
-            device=device,
-            sleep_level=sleep_level,
-            offload_reference=offload_reference,
-            offload_optimizer=config.adam_offload,
-            critic=critic,
-            critic_offload=critic_offload,
-            watch=watch,
-        )
-        self.sampler = DistributedPromptSampler(
-            num_samples=len(train_data),
-            global_batch_size=config.rollout_batch_size,
-            rank=self.rank,
-            world_size=self.world_size,
-            seed=config.seed,
-        )
-        per_rank_train = config.train_batch_size // self.world_size
-        self.update = PolicyUpdate.from_config(config, world_size=self.world_size)
-        self.old_logprob_pass = needs_old_logprob_pass(config, actor.module)
-        self.critic_update = CriticUpdate(
-            micro_batch_size=config.micro_train_batch_size,
-            accumulation=per_rank_train // config.micro_train_batch_size,
-            epochs=config.max_epochs,
-            value_clip=config.value_clip_range,
-            max_tokens_per_micro_batch=config.max_tokens_per_micro_batch,
-        )
-        self.buffer = ReplayBuffer(seed=config.seed)
+        self.parts = parts
+        self.actor = parts.actor
+        self.critic = parts.critic
+        self.colocation = parts.colocation
+        self.engine = parts.colocation.engine
+        self.rollout = parts.rollout
+        self.maker = parts.maker
+        self.sampler = parts.sampler
+        self.train_data = parts.train_data
+        self.eval_data = parts.eval_data
+        self.update = parts.update
+        self.critic_update = parts.critic_update
+        self.buffer = parts.buffer
+        self.metrics = parts.records.metrics
+        self.console = parts.records.console
+        self.trajectories = parts.records.trajectories
+        self.watch = parts.watch
+        self.device = parts.device
+        self.export = parts.export
         self.kl_control = config.kl_controller()
         """The KL coefficient in force (adaptive with ``kl_target``), checkpointed."""
-        self.metrics = MetricsWriter(
-            Path(config.save_path),
-            enabled=self.rank == 0,
-            tensorboard=config.use_tensorboard,
-            wandb=self._wandb() if config.use_wandb and self.rank == 0 else None,
-        )
-        self.console = Console(enabled=self.rank == 0, progress_bar=config.progress_bar)
-        self.trajectories = (
-            TrajectoryWriter(
-                Path(config.save_path) / TRAJECTORY_DIR,
-                every=config.save_trajectories_steps or 1,
-                rank=self.rank,
-            )
-            if config.save_trajectories
-            else None
-        )
         self.step = 0
         self.run_id: str | None = None
         """The run's id (in ``run.json`` and every checkpoint's manifest), set by :meth:`fit`:
         a resumed run's is its checkpoint's."""
-
-    def _wandb(self) -> WandbMetrics:
-        settings = WandbSettings(
-            directory=Path(self.config.save_path),
-            project=self.config.wandb_project or DEFAULT_PROJECT,
-            entity=self.config.wandb_org,
-            group=self.config.wandb_group,
-            name=self.config.wandb_run_name,
-        )
-        return WandbMetrics(settings, config=self.config.as_dict())
 
     @property
     def total_steps(self) -> int:
@@ -182,68 +132,23 @@ class RLTrainer:
 
     # --- one iteration ---------------------------------------------------------------------
 
-    def rollout_seed(self, step: int, round_index: int = 0) -> int:
-        """The sampling seed of ``step``'s rollout (its ``round_index``-th generate round under
-        dynamic sampling), shared by the ranks of a TP group."""
-        leader = self.rank - self.rank % self.config.engine_tp_size
-        seed = (self.config.seed * 1_000_003 + step) * 4096 + leader
-        return seed if round_index == 0 else continuation_seed(seed + round_index * (1 << 62))
-
     @property
     def data_exhausted(self) -> bool:
         """Whether ``num_episodes`` passes over the prompts were taken (dynamic sampling takes
         more than one batch in some iterations, so it may end before ``total_steps``)."""
         return self.sampler.epoch >= self.config.num_episodes
 
-    def dynamic_rollout(self) -> Refill:
-        """Generate-and-score rounds until the batch holds groups with a reward spread only
-        (:func:`refill_groups`). Each round takes the sampler's next batch, so a checkpoint's
-        sampler position counts every prompt consumed. Collective."""
-        col, maker, n = self.colocation, self.maker, self.config.n_samples_per_prompt
-
-        def roll_out(round_index: int) -> ScoredGroups:
-            prompts = self.train_data.select(self.sampler.next_batch().indices)
-            params = attrs.evolve(maker.sampling, seed=self.rollout_seed(self.step, round_index))
-            # Level 1 at most: another round may follow, and level 2 would leave it stale weights.
-            results = col.rollout(lambda: maker.generate(prompts, params), sleep_level=1)
-            rewards = col.plain("rewards", lambda: maker.rate(prompts, results, n))
-            lengths = torch.tensor([len(result.output_token_ids) for result in results])
-            shaped = maker.shape(rewards.scores_tensor(), lengths)
-            return ScoredGroups(prompts=prompts, results=results, rewards=rewards, shaped=shaped)
-
-        return refill_groups(
-            roll_out,
-            max_rounds=self.config.generate_rounds,
-            global_sum=lambda values: sum_over_ranks(values, self.device),
-        )
-
     def train_step(self) -> dict[str, float]:
-        """One iteration (DESIGN.md steps 1-11); returns rank-averaged metrics. Collective."""
-        col, maker, n = self.colocation, self.maker, self.config.n_samples_per_prompt
+        """One iteration (docs/trainer.md, "One iteration"); returns rank-averaged metrics.
+        Collective."""
+        col, maker = self.colocation, self.maker
         col.begin_iteration()
         self.watch.begin_step(self.step + 1)
-        refill = None
-        if self.config.dynamic_sampling:
-            with self.watch.phase("dynamic_sampling"):
-                refill = self.dynamic_rollout()
-        episodes: EpisodeBatch | None = None
-        if refill is None:
-            prompts = self.train_data.select(self.sampler.next_batch().indices)
-            params = attrs.evolve(maker.sampling, seed=self.rollout_seed(self.step))
-            if self.episodes is None:
-                results = col.rollout(lambda: maker.generate(prompts, params))
-            else:
-                rollout = self.episodes
-                episodes = col.rollout(lambda: rollout.run(prompts, params))
-                results = episodes.answers
-        else:
-            prompts, results = refill.batch.prompts, list(refill.batch.results)
-        sequences = (
-            pack(results, media=row_media(prompts, n)) if episodes is None else episodes.sequences
-        )
+        batch = self.rollout.collect(self.step)
+        sequences = batch.sequences
         old = (
             col.actor_pass(lambda: maker.logprobs(self.actor, sequences))
-            if self.old_logprob_pass
+            if self.parts.old_logprob_pass
             else None
         )
         ref = col.reference_pass(lambda model: maker.logprobs(model, sequences))
@@ -252,33 +157,16 @@ class RLTrainer:
                 model, sequences, micro_batch_size=maker.micro_batch_size, device=self.device
             )
         )
-        if refill is None:
-            rewards = col.plain("rewards", lambda: maker.rate(prompts, results, n))
-            shaped = maker.shape(rewards.scores_tensor(), sequences.action_mask.sum(-1))
-        else:
-            rewards, shaped = refill.batch.rewards, refill.batch.shaped
-        token_rewards = None
-        if episodes is not None:
-            token_rewards = episodes.token_rewards(rewards.scores_tensor())
-            rewards = with_returns(rewards, episodes)
-            shaped = rewards.scores_tensor()
-        engine = None
-        if self.config.use_tis:
-            engine = (
-                pack_engine_logprobs(results, sequences.action_mask.shape[1])
-                if episodes is None
-                else episodes.engine_logprobs
-            )
         experience = col.plain(
             "advantages",
             lambda: maker.make(
                 sequences,
-                shaped,
+                batch.shaped,
                 old,
                 ref,
                 values=values,
-                engine_logprobs=engine,
-                token_rewards=token_rewards,
+                engine_logprobs=batch.engine_logprobs,
+                token_rewards=batch.token_rewards,
             ),
         )
         self.buffer.clear()
@@ -293,34 +181,9 @@ class RLTrainer:
         )
         self.step += 1
         col.sync(version=self.step)
-        if self.trajectories is not None and self.trajectories.due(self.step):
-            records = sample_records(
-                step=self.step,
-                rank=self.rank,
-                prompts=prompts,
-                results=results if episodes is None else episodes.responses,
-                rewards=rewards,
-                experience=experience,
-                decode=maker.decode,
-                kl_estimator=maker.kl_estimator,
-            )
-            if episodes is not None:
-                add_turns(records, episodes, maker.decode)
-            with self.watch.phase("trajectories"):
-                self.trajectories.write(self.step, records, group_pictures(prompts))
-        lengths = sequences.action_mask.sum(-1).float()
-        # Over every response generated: under dynamic sampling the trained batch is a filtered
-        # subset, which would misreport how well the policy does.
-        generated = rewards if refill is None else refill.generated
-        scores = generated.scores_tensor()
+        self._record_trajectories(batch, experience)
         local = {
-            "train/reward_mean": float(scores.mean()),
-            "train/accuracy": float((scores > 0).float().mean()),
-            "train/response_length": float(lengths.mean()),
-            **reward_means(generated),
-            **({} if episodes is None else episodes.metrics()),
-            **({} if refill is None else refill.metrics),
-            **self._shaping_metrics(rewards.scores_tensor(), shaped),
+            **self._sample_metrics(batch),
             **experience.metrics,
             **policy_metrics,
             **(critic_metrics or {}),
@@ -331,6 +194,38 @@ class RLTrainer:
             metrics = mean_over_ranks(local)
         self._adapt_kl(metrics)
         return metrics
+
+    def _sample_metrics(self, batch: RolloutBatch) -> dict[str, float]:
+        # Over every response generated: under dynamic sampling the trained batch is a filtered
+        # subset, which would misreport how well the policy does.
+        scores = batch.generated.scores_tensor()
+        lengths = batch.sequences.action_mask.sum(-1).float()
+        return {
+            "train/reward_mean": float(scores.mean()),
+            "train/accuracy": float((scores > 0).float().mean()),
+            "train/response_length": float(lengths.mean()),
+            **reward_means(batch.generated),
+            **batch.metrics,
+            **self._shaping_metrics(batch.rewards.scores_tensor(), batch.shaped),
+        }
+
+    def _record_trajectories(self, batch: RolloutBatch, experience: ExperienceBatch) -> None:
+        if self.trajectories is None or not self.trajectories.due(self.step):
+            return
+        records = sample_records(
+            step=self.step,
+            rank=self.rank,
+            prompts=batch.prompts,
+            results=batch.responses,
+            rewards=batch.rewards,
+            experience=experience,
+            decode=self.maker.decode,
+            kl_estimator=self.maker.kl_estimator,
+        )
+        if batch.episodes is not None:
+            add_turns(records, batch.episodes, self.maker.decode)
+        with self.watch.phase("trajectories"):
+            self.trajectories.write(self.step, records, group_pictures(batch.prompts))
 
     def _kl_coef_metric(self) -> dict[str, float]:
         if self.config.kl_target is None:
@@ -363,26 +258,9 @@ class RLTrainer:
         indices = eval_indices(len(self.eval_data), rank=self.rank, world_size=self.world_size)
         prompts = self.eval_data.select(indices)
         greedy = attrs.evolve(self.maker.sampling, n=1, temperature=0.0, seed=None)
-        rollout = self.episodes
-        episodes = None
-        if rollout is None:
-            results = self.colocation.rollout(
-                lambda: self.maker.generate(prompts, greedy),
-                name="eval_generate",
-                sleep_level=EVAL_SLEEP_LEVEL,
-            )
-        else:
-            episodes = self.colocation.rollout(
-                lambda: rollout.run(prompts, greedy),
-                name="eval_generate",
-                sleep_level=EVAL_SLEEP_LEVEL,
-            )
-            results = episodes.answers
         # Every rank scores, also one with no prompts: a sharded reward model's forward is
         # collective, and its ranks must call it alike.
-        scores, _ = self.maker.score(prompts, results, 1)
-        if episodes is not None:
-            scores = scores + episodes.returns
+        scores = self.rollout.eval_scores(prompts, greedy)
         total, correct, count = sum_over_ranks(
             [float(scores.sum()), float((scores > 0).sum()), float(len(scores))], self.device
         )

@@ -3,7 +3,7 @@ observation, and the episode, the rollout and its training tensors carry on.
 
 The model's turns are scripted (an engine that replays them); the tool is the real sandboxed
 ``python`` tool in the built-in ``tool_calls`` environment, run through the trainer's
-:class:`~lrft.trainer.episodes.EpisodeRollout`. A tool that hangs past its own deadline is
+:class:`~lrft.trainer.episodes.EpisodeRunner`. A tool that hangs past its own deadline is
 given up on by the environment.
 """
 
@@ -22,7 +22,7 @@ from lrft.agents.tools import PythonTool
 from lrft.api import GenerationRequest, GenerationResult, SamplingParams, ToolResult
 from lrft.api.episodes import EpisodeBudget
 from lrft.data import PromptSample
-from lrft.trainer.episodes import EpisodeBatch, EpisodeRollout
+from lrft.trainer.episodes import EpisodeBatch, EpisodeRunner
 from tests.unit.agents._tokenizer import build_tokenizer
 
 CPU = torch.device("cpu")
@@ -82,7 +82,7 @@ def _rollout(
     tokenizer: PreTrainedTokenizerFast, turns: Sequence[str], setup: EnvironmentSetup
 ) -> tuple[list[int], EpisodeBatch]:
     calls, generate = _scripted(tokenizer, turns)
-    rollout = EpisodeRollout(
+    rollout = EpisodeRunner(
         environment="tool_calls",
         setup=setup,
         budget=EpisodeBudget(max_turns=len(turns), max_total_tokens=1 << 16),

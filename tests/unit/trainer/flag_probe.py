@@ -299,6 +299,7 @@ def record_run(argv: Sequence[str], root: Path) -> Record:
     """Run ``lrft train argv`` (its outputs under ``root``) in this process and record it. The
     run's process group (world size 1) is destroyed after it: the tests after it find none."""
     from lrft.cli import config_from_args
+    from lrft.demos.apply import apply_demo_or_preset
     from lrft.trainer.build import build_trainer
 
     printed = io.StringIO()
@@ -309,7 +310,7 @@ def record_run(argv: Sequence[str], root: Path) -> Record:
         calls.installed(),
         _own_process_group(),
     ):
-        config = config_from_args(list(argv))
+        config = apply_demo_or_preset(config_from_args(list(argv)), rank=0)
         trainer = build_trainer(config)
         calls.policy = trainer.engine
         built = _built(trainer)

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from lrft.api import ConfigError
 from lrft.cli import config_from_args
@@ -36,15 +35,11 @@ def test_the_vision_demo_switch_brings_its_settings() -> None:
 
 
 def test_the_vision_demo_refuses_a_model_of_the_users(tmp_path: Path) -> None:
-    from lrft.dist import RankInfo
-    from lrft.trainer.build import build_trainer
+    from lrft.demos.apply import apply_demo_or_preset
 
     config = config_from_args([*MODEL, "--demo=vision", f"--save_path={tmp_path}/out"])
-    info = RankInfo(
-        rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu")
-    )
     with pytest.raises(ConfigError, match="demo 'vision' runs only when no pretrain is given"):
-        build_trainer(config, info)
+        apply_demo_or_preset(config, rank=0)
 
 
 def test_media_settings_need_what_they_act_on(

@@ -207,10 +207,10 @@ def test_rerunning_the_demo_is_refused_before_anything_starts(tmp_path: Path) ->
     info = RankInfo(
         rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu")
     )
-    from lrft.trainer.build import build_trainer
+    from lrft.demos.apply import apply_demo_or_preset
 
     with pytest.raises(ConfigError, match=r"metrics\.jsonl, curves\.png, hf_model, tensorboard/"):
-        build_trainer(config_from_args(["train", f"--save_path={save}"]), info)
+        apply_demo_or_preset(config_from_args(["train", f"--save_path={save}"]), info.rank)
     assert _tree(save) == before
     assert not dist.is_initialized()
 
