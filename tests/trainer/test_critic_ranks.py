@@ -12,10 +12,11 @@ import torch.distributed as dist
 
 from lrft.api.protocols import TrainBackend
 from lrft.api.types import GenerationResult
+from lrft.models.critic import load_critic
 from lrft.testing.conformance._train_checks import OPTIMIZER, assert_close
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.testing.models import save_tiny_causal_lm
-from lrft.trainer.critic import CriticUpdate, load_critic
+from lrft.trainer.critic import CriticUpdate
 from lrft.trainer.experience import ExperienceBatch
 from lrft.trainer.replay import ReplayBuffer
 from lrft.trainer.sequences import pack

@@ -12,9 +12,10 @@
 """
 
 from lrft.config import TrainConfig, supported_estimators
+from lrft.models.critic import load_critic
 from lrft.run.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from lrft.trainer.colocation import PHASES, Colocation
-from lrft.trainer.critic import CriticUpdate, load_critic
+from lrft.trainer.critic import CriticUpdate
 from lrft.trainer.experience import ExperienceBatch, ExperienceMaker
 from lrft.trainer.policy import PolicyUpdate
 from lrft.trainer.replay import ReplayBuffer

@@ -27,6 +27,7 @@ from lrft.backends.train.lora import AdaptersDisabled, apply_lora
 from lrft.config import TrainConfig
 from lrft.data import DistributedPromptSampler, MediaProcessor
 from lrft.dist import PhaseWatch, RankInfo, RolloutLayout, init_distributed
+from lrft.models.critic import load_critic
 from lrft.models.media import (
     freeze_audio_tower,
     freeze_vision_tower,
@@ -38,7 +39,7 @@ from lrft.run.export import LORA_ADAPTER_DIR, export_hf, export_lora_adapter
 from lrft.run.outputs import claim_outputs
 from lrft.trainer.colocation import Colocation
 from lrft.trainer.components import engine_memory_share, rollout_engine, train_backend, weight_sync
-from lrft.trainer.critic import CriticUpdate, load_critic
+from lrft.trainer.critic import CriticUpdate
 from lrft.trainer.episodes import EpisodeRunner
 from lrft.trainer.experience import Decode, ExperienceMaker
 from lrft.trainer.plugins import import_plugins

@@ -16,9 +16,10 @@ from lrft.algo import AdvantageParams
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel
 from lrft.api.types import GenerationResult, SamplingParams
+from lrft.models.critic import load_critic
 from lrft.rewards import PerSampleReward
 from lrft.testing.models import save_tiny_causal_lm
-from lrft.trainer.critic import critic_values, load_critic, response_values
+from lrft.trainer.critic import critic_values, response_values
 from lrft.trainer.experience import ExperienceMaker
 from lrft.trainer.sequences import pack
 

@@ -12,11 +12,12 @@ import torch
 from transformers import Qwen2VLModel
 
 from lrft.api import GenerationResult
+from lrft.models.critic import VALUE_HEAD, load_critic
 from lrft.models.vision_critic import Qwen2VLForValues
 from lrft.testing.conformance._rollout_media_checks import media_prompts
 from lrft.testing.reference import load_reference_vlm
 from lrft.testing.vision_models import save_tiny_vlm
-from lrft.trainer.critic import VALUE_HEAD, load_critic, response_values
+from lrft.trainer.critic import response_values
 from lrft.trainer.sequences import pack
 
 CPU = torch.device("cpu")

@@ -1,0 +1,3 @@
+"""Moved to :mod:`lrft.run.resume`; this name re-exports it for one release."""
+
+from lrft.run.resume import *  # noqa: F403
