@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from lrft.api.errors import ConfigError
@@ -68,7 +69,7 @@ def check_model_folder(flag: str, path: str, *, tokenizer: bool) -> None:
     folder = Path(path)
     where = f"--{flag} {path!r}"
     if not folder.exists():
-        raise ConfigError(f"{where}: no such folder (expected {_MODEL_FOLDER})")
+        raise ConfigError(f"{where}: no such folder (expected {_MODEL_FOLDER}){_hub_hint(path)}")
     if not folder.is_dir():
         raise ConfigError(f"{where} is a file, not a folder (expected {_MODEL_FOLDER})")
     config_file = folder / MODEL_CONFIG
@@ -92,7 +93,22 @@ def check_model_folder(flag: str, path: str, *, tokenizer: bool) -> None:
 
 def _check_exists(flag: str, path: str | None, what: str) -> None:
     if path is not None and not Path(path).exists():
-        raise ConfigError(f"--{flag} {path!r}: no such file or folder ({what})")
+        raise ConfigError(f"--{flag} {path!r}: no such file or folder ({what}){_hub_hint(path)}")
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def _hub_hint(path: str) -> str:
+    """A word for a missing path shaped like a Hugging Face Hub id (``org/name``): lrft reads
+    local folders and files only, and downloads nothing."""
+    if not _HUB_ID.fullmatch(path) or path.startswith("."):
+        return ""
+    return (
+        f"; {path!r} looks like a Hugging Face Hub id, but lrft reads local files and folders "
+        f"only and downloads nothing: fetch it first (hf download {path} --local-dir "
+        f"./{path.split('/')[-1]}, or datasets' save_to_disk for a data set) and pass that folder"
+    )
 
 
 _DATA = "prompt data is read from local JSONL, JSON or Parquet files or a datasets folder"

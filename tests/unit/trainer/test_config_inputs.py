@@ -145,6 +145,35 @@ def test_the_cli_prints_one_line_and_exits_2_before_any_process_group(
     assert not dist.is_initialized()
 
 
+@pytest.mark.parametrize(
+    ("changes", "flag"),
+    [
+        ({"pretrain": "Qwen/Qwen2.5-0.5B-Instruct"}, "pretrain"),
+        ({"prompt_data": "openai/gsm8k"}, "prompt_data"),
+    ],
+)
+def test_a_hub_id_is_named_as_one_with_the_way_to_fetch_it(
+    good: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, changes: dict[str, str], flag: str
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no folder of that name here
+    base = {"pretrain": str(good), "prompt_data": str(good), "reward_fn": "math"}
+    (value,) = changes.values()
+    with pytest.raises(ConfigError) as raised:
+        TrainConfig(**(base | changes)).validate_inputs()
+    message = str(raised.value)
+    assert message.startswith(f"--{flag} {value!r}: no such")
+    assert f"{value!r} looks like a Hugging Face Hub id" in message
+    assert "reads local files and folders only and downloads nothing" in message
+    assert f"--local-dir ./{value.split('/')[-1]}" in message
+
+
+def test_a_missing_local_path_gets_no_hub_word(good: Path, tmp_path: Path) -> None:
+    for missing in (str(tmp_path / "model"), "./org/model", "model"):
+        with pytest.raises(ConfigError) as raised:
+            TrainConfig(pretrain=missing, prompt_data=str(good), reward_fn="math").validate_inputs()
+        assert "Hub id" not in str(raised.value), missing
+
+
 URL = "http://127.0.0.1:9/score"
 
 
