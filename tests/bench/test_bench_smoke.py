@@ -68,6 +68,7 @@ def test_all_parts_on_the_tiny_workload(tmp_path: Path) -> None:
     assert env["git_commit"] is None or isinstance(env["git_commit"], str)
     assert _positive(doc["ceilings"]["matmul_tflops"])
     assert list(doc)[-4:] == ["grpo", "train_mfu", "sync", "sleep"]
+    assert doc["parts_pending"] == []
 
     grpo = doc["grpo"]
     assert grpo["steps"] == 2
