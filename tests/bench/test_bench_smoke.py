@@ -127,19 +127,13 @@ def test_sync_under_torchrun_measures_the_all_gather(tmp_path: Path, ranks: int)
 
 
 def test_ragged_responses_end_at_drawn_stops(tmp_path: Path) -> None:
-    """The tiny workload with ragged responses on the static loop: every response ends at an
-    EOS the engine sampled (the law's cap included), and the ragged figures are reported."""
+    """``tiny-ragged`` (the tiny workload with ragged responses, on the static loop with 4 rows
+    for 8 responses): every response ends at an EOS the engine sampled (at the law's cap too),
+    and the ragged figures are reported."""
     from lrft.bench.ragged import expected_length
-    from lrft.bench.workloads import RaggedSpec, load_workload
+    from lrft.bench.workloads import RaggedSpec
 
-    tiny = load_workload("tiny").as_dict()
-    tiny["name"] = "tiny-ragged"
-    tiny["grpo"]["ragged"] = {"min_tokens": 2, "max_tokens": 8, "seed": 1}
-    tiny["grpo"]["train"]["hf_decode"] = "static"
-    tiny["grpo"]["train"]["micro_rollout_batch_size"] = 1  # 4 rows for 8 responses: refills
-    path = tmp_path / "tiny-ragged.json"
-    path.write_text(json.dumps(tiny))
-    doc = _bench(["grpo", "--steps=2"], tmp_path, workload=str(path))
+    doc = _bench(["grpo", "--steps=2"], tmp_path, workload="tiny-ragged")
     ragged = doc["grpo"]["ragged"]
     assert ragged["expected_tokens_mean"] == expected_length(
         RaggedSpec(min_tokens=2, max_tokens=8, seed=1)

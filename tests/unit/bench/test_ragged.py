@@ -46,7 +46,9 @@ def test_rows_fed_random_tokens_end_by_the_law() -> None:
     standard errors of the law, the mean within 2%."""
     spec = RaggedSpec(min_tokens=4, max_tokens=64, seed=3)
     prompt = 7
-    draw = EndDraw(spec, vocab_size=VOCAB_SIZE, prompt_tokens=prompt, eos_token_id=EOS, device="cpu")
+    draw = EndDraw(
+        spec, vocab_size=VOCAB_SIZE, prompt_tokens=prompt, eos_token_id=EOS, device="cpu"
+    )
     rows = 20_000
     generator = torch.Generator().manual_seed(11)
     length = torch.zeros(rows, dtype=torch.long)
