@@ -270,7 +270,7 @@ def summary(
             "label": run.label(torch.device(facts["device_type"])),
             "generation": run.generation,
             "precision": run.precision,
-        },  # fmt: skip
+        },
         "steps": len(steps),
         "steady_steps": steady_window(steps, steady_from),
         "samples_per_step": rows,
