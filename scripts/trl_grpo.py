@@ -11,7 +11,7 @@ drawn inside the model's sampling on both sides (``lrft.bench.ragged.EndDraw``).
     python scripts/trl_grpo.py --workload w2 --generation continuous_batching --output trl.json
 
 Needs TRL and lrft's ``src`` on ``PYTHONPATH``; writes the JSON document after every step and
-prints it at the end.
+prints its main figures at the end.
 """
 
 from __future__ import annotations
@@ -55,7 +55,12 @@ def main() -> int:
         dataset=Dataset.from_dict({"prompt": texts}), eos_token_id=int(tokenizer.eos_token_id),
         prompt_tokens=length,
     )  # fmt: skip
-    print(json.dumps(document), flush=True)
+    print(
+        f"trl_grpo: {document['configuration']['label']}: "
+        f"{document['step_seconds_median']:.3f} s/step (whole loop), "
+        f"{document['samples_per_s']:.2f} samples/s; written to {run.output}",
+        flush=True,
+    )
     return 0 if document["complete"] else 1
 
 

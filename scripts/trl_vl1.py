@@ -11,7 +11,7 @@ so ``--generation continuous_batching`` stops with that message.
     python scripts/trl_vl1.py --workload vl1 --output trl_vl1.json --work_dir /tmp/lrft-bench
 
 Needs TRL and lrft's ``src`` on ``PYTHONPATH``; writes the JSON document after every step and
-prints it at the end.
+prints its main figures at the end.
 """
 
 from __future__ import annotations
@@ -72,7 +72,12 @@ def main() -> int:
     except ValueError as error:  # TRL's refusal of a setting
         print(f"trl_vl1: TRL refused the run: {error}", file=sys.stderr)
         return 2
-    print(json.dumps(document), flush=True)
+    print(
+        f"trl_vl1: {document['configuration']['label']}: "
+        f"{document['step_seconds_median']:.3f} s/step (whole loop), "
+        f"{document['samples_per_s']:.2f} samples/s; written to {run.output}",
+        flush=True,
+    )
     return 0 if document["complete"] else 1
 
 

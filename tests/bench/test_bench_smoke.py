@@ -124,25 +124,3 @@ def test_sync_under_torchrun_measures_the_all_gather(tmp_path: Path, ranks: int)
     assert doc["environment"]["world_size"] == ranks
     assert _positive(doc["sync"]["all_gather_bus_GBps"])
     assert _positive(doc["sync"]["GBps"]["verified"])
-
-
-def test_ragged_responses_end_at_drawn_stops(tmp_path: Path) -> None:
-    """``tiny-ragged`` (the tiny workload with ragged responses, on the static loop with 4 rows
-    for 8 responses): every response ends at an EOS the engine sampled (at the law's cap too),
-    and the ragged figures are reported."""
-    from lrft.bench.ragged import expected_length
-    from lrft.bench.workloads import RaggedSpec
-
-    doc = _bench(["grpo", "--steps=2"], tmp_path, workload="tiny-ragged")
-    ragged = doc["grpo"]["ragged"]
-    assert ragged["expected_tokens_mean"] == expected_length(
-        RaggedSpec(min_tokens=2, max_tokens=8, seed=1)
-    )
-    assert ragged["ended_at_stop_share"] == 1.0  # no response ran into the length cap
-    [generated] = ragged["generated_tokens_per_step"]  # the second step: the steady one
-    assert 2 * 8 <= generated <= 8 * 8
-    assert doc["grpo"]["response_tokens_mean"] == generated / 8 == ragged["response_tokens_mean"]
-    assert 2 <= ragged["response_tokens_max"] <= 8
-    for key in ("rollout_tokens_per_s", "full_batch_tokens_per_s", "ideal_generate_seconds"):
-        assert _positive(ragged[key]), key
-    assert _positive(ragged["generate_over_ideal"])

@@ -126,6 +126,7 @@ def run_grpo(
             "benchmark tokenizer (or processor) does not round-trip with this transformers version"
         )
     device = trainer.device
+    decode_path = getattr(trainer.maker.engine, "decode_path", None)  # the hf engine's
     recorded = draw = None
     if spec.ragged is not None:
         draw = _end_draw(trainer, spec, workload, expected)
@@ -145,6 +146,7 @@ def run_grpo(
     summary = _summary(
         workload, spec, config, trainer.world_size, records, steady_from, matmul_tflops
     )
+    summary["engine"] = {"name": trainer.maker.engine.name, "decode_path": decode_path}
     if recorded is not None and draw is not None:
         summary["ragged"] = _ragged(
             trainer, draw, recorded, steady_window(calls, steady_from), summary

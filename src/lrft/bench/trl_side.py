@@ -40,7 +40,7 @@ from transformers import TrainerCallback
 
 from lrft.api.errors import ConfigError
 from lrft.bench.ragged import EndDraw, expected_length
-from lrft.bench.report import write_json
+from lrft.bench.report import call_id, git_commit, write_json
 from lrft.bench.steps import median, steady_window
 from lrft.bench.workloads import GrpoSpec, Workload, load_workload
 
@@ -331,7 +331,8 @@ def run_trl(
     facts: dict[str, Any] = {
         "schema": SCHEMA, "side": "trl", "workload": run.workload.name, "complete": False,
         "trl": trl.__version__, "transformers": transformers.__version__,
-        "torch": torch.__version__, "device_type": device.type,
+        "torch": torch.__version__, "call": call_id(), "git_commit": git_commit(),
+        "device_type": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "params": sum(p.numel() for p in model.parameters()),
         "weights_dtype": str(model_dtype(run, device)).removeprefix("torch."),
