@@ -6,6 +6,7 @@ the run. A check of the scripts, not a measurement."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,9 +20,7 @@ SCRIPT = ROOT / "scripts" / "bench_w1_gpu.sh"
 
 
 def _runner(tmp_path: Path, **settings: str) -> subprocess.CompletedProcess[str]:
-    try:
-        import trl  # noqa: F401  # the TRL side's dependency
-    except ImportError:
+    if importlib.util.find_spec("trl") is None:
         pytest.fail("TRL is not installed: pip install -e '.[test]' installs it")
     env = {
         **os.environ,

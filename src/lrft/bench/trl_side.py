@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -209,7 +210,7 @@ class GenerationProbe:
         return peak
 
 
-class LoopTimer(TrainerCallback):  # type: ignore[misc]  # transformers' callback base is untyped
+class LoopTimer(TrainerCallback):
     """Each optimizer step's callback-window and whole-loop seconds (see module doc), the
     generate calls it made, and its memory; ``after_step`` runs after each (the JSON write)."""
 
@@ -313,9 +314,10 @@ def run_trl(
     """Train ``model`` with TRL's ``GRPOTrainer`` for ``run.steps`` steps and write the
     document after each (``complete: false``) and at the end."""
     import transformers
-    import trl
-    from trl import GRPOConfig, GRPOTrainer
 
+    # Any-typed: TRL's own annotations are looser than lrft's (and TRL is an optional extra)
+    trl: Any = importlib.import_module("trl")
+    GRPOConfig, GRPOTrainer = trl.GRPOConfig, trl.GRPOTrainer  # TRL's class names
     device = next(model.parameters()).device
     wanted = grpo_settings(run, device)
     names = {field.name for field in dataclasses.fields(GRPOConfig)}

@@ -4,6 +4,7 @@ sampling, and an engine that learns them from its own stop checks."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -94,7 +95,7 @@ def _first_eos(row: list[int]) -> int | None:
 def test_the_hook_ends_transformers_generate_where_the_rule_says() -> None:
     torch.manual_seed(0)
     spec = RaggedSpec(min_tokens=2, max_tokens=10, seed=1)
-    model = tiny_causal_lm(0)
+    model: Any = tiny_causal_lm(0)  # its generate is transformers' untyped one
     prompts = torch.randint(3, VOCAB_SIZE, (6, 5))
     draw = EndDraw(spec, vocab_size=VOCAB_SIZE, prompt_tokens=5, eos_token_id=EOS, device="cpu")
     handle = draw.attach(model)
