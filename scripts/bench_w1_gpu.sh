@@ -9,8 +9,9 @@
 #                                                   # CPU (CI's dry run: TRL installed, no wheels)
 #
 # `prepare` downloads trl 1.16.0, datasets 5.2.0, dill 0.4.1 and multiprocess 0.70.19 for
-# Python 3.12 into .whl/trl/ and copies ../shared/bench (gpu_ceilings.py) into .bench/; both
-# are ignored by git, so a device call carries them: carry=[".whl", ".bench"]. TRL 1.16's
+# Python 3.12 into .whl/trl/ and copies ../shared/bench (gpu_ceilings.py) into
+# .whl/shared-bench/; .whl is ignored by git, so a device call carries it: carry=[".whl"]
+# (under 2 MiB). TRL 1.16's
 # continuous batching needs transformers >= 5.8 (it compares versions); the GPU machine's 5.17
 # qualifies, so no transformers is carried.
 #
@@ -51,9 +52,8 @@ prepare() {
         --platform manylinux1_x86_64 -d .whl/trl \
         trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 || exit 1
     local shared="${SHARED_BENCH:-/work/shared/bench}"
-    rm -rf .bench && cp -r "$shared" .bench || exit 1
-    grep -qx "/.bench/" .git/info/exclude 2>/dev/null || echo "/.bench/" >> .git/info/exclude
-    echo "ready: carry .whl and .bench"
+    rm -rf .whl/shared-bench && cp -r "$shared" .whl/shared-bench || exit 1
+    echo "ready: carry .whl"
 }
 
 failures=0
@@ -103,8 +103,8 @@ run() {
     [[ -n $w2_steps ]] && steps_flag=(--steps "$w2_steps")
     stages="${STAGES:-ceilings lrft_w1 trl_w1 trl_w1_cb lrft_1p5b}"
     if [[ $tiny != 1 ]]; then
-        [ -d .whl/trl ] && [ -f .bench/gpu_ceilings.py ] || {
-            echo "missing .whl/trl or .bench: run 'bash scripts/bench_w1_gpu.sh prepare' here and carry both" >&2
+        [ -d .whl/trl ] && [ -f .whl/shared-bench/gpu_ceilings.py ] || {
+            echo "missing .whl/trl or .whl/shared-bench: run 'bash scripts/bench_w1_gpu.sh prepare' here and carry .whl" >&2
             exit 1
         }
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -126,7 +126,7 @@ run() {
         case "$name" in
             ceilings)
                 [[ $tiny == 1 ]] && continue
-                stage ceilings "${LIMIT_ceilings:-60}" "$python" .bench/gpu_ceilings.py
+                stage ceilings "${LIMIT_ceilings:-60}" "$python" .whl/shared-bench/gpu_ceilings.py
                 grep '^{' "$out/ceilings.log" | tail -n 1 > "$out/ceilings.json" ;;
             lrft_w1) stage "$name" "${LIMIT_lrft_w1:-150}" "${lrft[@]}" all --workload "$w1" \
                 --output "$out/$name.json" --work_dir "$work" ;;

@@ -134,9 +134,18 @@ def grpo_settings(run: TrlRun, device: torch.device) -> dict[str, Any]:
         # Sized from the free memory, transformers' paged cache takes ~40 s to set up on a CPU
         # host; a dry run gives it a small fixed one.
         settings["transformers_continuous_batching_config"] = {
-            "num_blocks": 64, "max_batch_tokens": 256, "page_size": 16,
+            "num_blocks": 64, "max_batch_tokens": 256, _page_size_field(): 16,
         }  # fmt: skip
     return settings
+
+
+def _page_size_field() -> str:
+    """The name of the cache page's size in transformers' ``ContinuousBatchingConfig``:
+    ``block_size`` up to 5.17 (the GPU machine's), ``page_size`` in later versions."""
+    from transformers.generation import ContinuousBatchingConfig
+
+    names = {field.name for field in dataclasses.fields(ContinuousBatchingConfig)}
+    return "page_size" if "page_size" in names else "block_size"
 
 
 def _synchronize(device: torch.device) -> None:
