@@ -119,8 +119,10 @@ run() {
     nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm,clocks.mem --format=csv \
         > "$out/nvidia-smi.log" 2>&1
     echo "call $LRFT_BENCH_CALL, stages: $stages"
-    local lrft=(env PYTHONPATH="$here/src" "$python" -m lrft bench)
-    local trl=(env PYTHONPATH="/tmp/trl-site:$here/src" "$python")
+    # this checkout's lrft first, then TRL's wheels (GPU) and what the caller's path holds
+    local path="$here/src:/tmp/trl-site${PYTHONPATH:+:$PYTHONPATH}"
+    local lrft=(env PYTHONPATH="$path" "$python" -m lrft bench)
+    local trl=(env PYTHONPATH="$path" "$python")
     local name
     for name in $stages; do
         case "$name" in
@@ -160,7 +162,7 @@ run() {
         lrft_name="${lrft_name%_cb}"
         lrft_name="${lrft_name%_fp32}"
         wanted "$lrft_name" || continue
-        env PYTHONPATH="$here/src" "$python" -m lrft.bench.pair --lrft "$out/$lrft_name.json" \
+        env PYTHONPATH="$path" "$python" -m lrft.bench.pair --lrft "$out/$lrft_name.json" \
             --trl "$out/$trl_name.json" --output "$out/ratio_${lrft_name}_vs_${trl_name}.json" \
             2>&1 | tee -a "$out/ratios.txt"
         (( PIPESTATUS[0] == 0 )) || failures=$((failures + 1))
