@@ -98,3 +98,22 @@ def test_a_stage_out_of_time_fails_the_run_visibly(tmp_path: Path) -> None:
     assert "STAGE trl_w2 TIMED OUT after 1s (limit 1s)" in done.stderr
     assert "STAGE trl_vl1 SKIPPED" in done.stderr
     assert "stage(s) did not complete" in done.stderr
+
+
+def test_the_decode_profile_dry_runs_with_ragged_ends(tmp_path: Path) -> None:
+    """``scripts/profile_decode.py --ragged`` (the decode loop's profile, on lrft's side) on the
+    tiny workload on the CPU: its ragged rollouts end through the same hook and are timed."""
+    output = tmp_path / "profile.json"
+    command = [
+        os.environ.get("PYTHON", "python"), str(ROOT / "scripts" / "profile_decode.py"),
+        "--device", "cpu", "--workload", "tiny", "--decode", "static", "--ragged",
+        "--repeats", "1", "--profile_tokens", "0", "--queue", "2", "--out", str(output),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ragged = _read(output)["ragged"]
+    assert [figure["sequences"] for figure in ragged] == [8, 16]  # 8 rows, queues of 1 and 2
+    for figure in ragged:
+        assert figure["tokens"] == 8 * figure["sequences"]  # tiny's law: 8 tokens, its cap
+        assert figure["seconds"] > 0
