@@ -22,24 +22,17 @@ import sys
 import torch
 from transformers import AutoTokenizer, Qwen2ForCausalLM
 
-from lrft.api.errors import ConfigError
 from lrft.bench.assets import model_folder, prompt_file, prompt_tokens, words_end
-from lrft.bench.trl_side import model_dtype, parse_run, run_trl
+from lrft.bench.trl_side import TrlInputs, TrlRun, model_dtype, script_main
 
 
-def main() -> int:
-    try:
-        run = parse_run(None, default_workload="w2", description=__doc__ or "")
-    except ConfigError as error:
-        print(f"trl_grpo: configuration error: {error}", file=sys.stderr)
-        return 2
+def build(run: TrlRun, device: torch.device) -> TrlInputs | str:
+    """The workload's model, tokenizer and prompts (written by lrft's assets when missing)."""
     spec, model_spec = run.grpo, run.workload.model
     if model_spec.vision is not None or spec.prompts.images is not None:
-        print("trl_grpo: a vision workload: use scripts/trl_vl1.py", file=sys.stderr)
-        return 2
+        return "a vision workload: use scripts/trl_vl1.py"
     from datasets import Dataset
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     folder = model_folder(model_spec, run.work_dir)
     prompts = prompt_file(spec.prompts, words_end(model_spec), run.work_dir)
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -47,22 +40,14 @@ def main() -> int:
     texts = [json.loads(line)["input"] for line in prompts.read_text().splitlines()]
     length = prompt_tokens(spec.prompts, model_spec)
     if len(tokenizer(texts[0])["input_ids"]) != length:
-        print(f"trl_grpo: a prompt does not encode to {length} tokens", file=sys.stderr)
-        return 1
-    model = Qwen2ForCausalLM.from_pretrained(folder, dtype=model_dtype(run, device)).to(device)
-    document = run_trl(
-        run, model=model, processing_class=tokenizer,
+        return f"a prompt does not encode to {length} tokens with this transformers version"
+    model = Qwen2ForCausalLM.from_pretrained(folder, dtype=model_dtype(run, device))
+    return TrlInputs(
+        model=model.to(device), processing_class=tokenizer,
         dataset=Dataset.from_dict({"prompt": texts}), eos_token_id=int(tokenizer.eos_token_id),
         prompt_tokens=length,
     )  # fmt: skip
-    print(
-        f"trl_grpo: {document['configuration']['label']}: "
-        f"{document['step_seconds_median']:.3f} s/step (whole loop), "
-        f"{document['samples_per_s']:.2f} samples/s; written to {run.output}",
-        flush=True,
-    )
-    return 0 if document["complete"] else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main("trl_grpo", default_workload="w2", description=__doc__ or "", build=build))

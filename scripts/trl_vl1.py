@@ -24,9 +24,8 @@ from typing import Any
 import torch
 from transformers import Qwen2VLForConditionalGeneration
 
-from lrft.api.errors import ConfigError
 from lrft.bench.assets import model_folder, prompt_file, prompt_tokens, words_end
-from lrft.bench.trl_side import model_dtype, parse_run, run_trl
+from lrft.bench.trl_side import TrlInputs, TrlRun, model_dtype, script_main
 from lrft.data.processor import load_processor
 
 
@@ -47,39 +46,22 @@ def _dataset(prompts: Path) -> Any:
     return Dataset.from_dict({"prompt": conversations, "image": images})
 
 
-def main() -> int:
-    try:
-        run = parse_run(None, default_workload="vl1", description=__doc__ or "")
-    except ConfigError as error:
-        print(f"trl_vl1: configuration error: {error}", file=sys.stderr)
-        return 2
+def build(run: TrlRun, device: torch.device) -> TrlInputs | str:
+    """The workload's model, processor and prompts (written by lrft's assets when missing)."""
     spec, model_spec = run.grpo, run.workload.model
     if spec.prompts.images is None:
-        print("trl_vl1: a workload whose prompts have no images: use trl_grpo.py", file=sys.stderr)
-        return 2
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return "a workload whose prompts have no images: use scripts/trl_grpo.py"
     folder = model_folder(model_spec, run.work_dir)
     prompts = prompt_file(spec.prompts, words_end(model_spec), run.work_dir)
     model = Qwen2VLForConditionalGeneration.from_pretrained(folder, dtype=model_dtype(run, device))
     processor = load_processor(folder)
     processor.tokenizer.padding_side = "left"
-    try:
-        document = run_trl(
-            run, model=model.to(device), processing_class=processor, dataset=_dataset(prompts),
-            eos_token_id=int(processor.tokenizer.eos_token_id),
-            prompt_tokens=prompt_tokens(spec.prompts, model_spec),
-        )  # fmt: skip
-    except ValueError as error:  # TRL's refusal of a setting
-        print(f"trl_vl1: TRL refused the run: {error}", file=sys.stderr)
-        return 2
-    print(
-        f"trl_vl1: {document['configuration']['label']}: "
-        f"{document['step_seconds_median']:.3f} s/step (whole loop), "
-        f"{document['samples_per_s']:.2f} samples/s; written to {run.output}",
-        flush=True,
-    )
-    return 0 if document["complete"] else 1
+    return TrlInputs(
+        model=model.to(device), processing_class=processor, dataset=_dataset(prompts),
+        eos_token_id=int(processor.tokenizer.eos_token_id),
+        prompt_tokens=prompt_tokens(spec.prompts, model_spec),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main("trl_vl1", default_workload="vl1", description=__doc__ or "", build=build))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -108,6 +109,51 @@ def parse_run(argv: Sequence[str] | None, *, default_workload: str, description:
     )  # fmt: skip
 
 
+@attrs.frozen(kw_only=True)
+class TrlInputs:
+    """What a TRL script builds for :func:`run_trl`: the model (on its device), TRL's
+    ``processing_class``, the prompt dataset, the EOS id and the prompts' length in tokens."""
+
+    model: torch.nn.Module
+    processing_class: Any
+    dataset: Any
+    eos_token_id: int
+    prompt_tokens: int
+
+
+def script_main(
+    name: str,
+    *,
+    default_workload: str,
+    description: str,
+    build: Callable[[TrlRun, torch.device], TrlInputs | str],
+) -> int:
+    """A TRL script's whole command: parse, ``build`` the inputs (or return why not), run,
+    print the main figures; 0 when every step ran, 1 when not, 2 for refused settings."""
+    try:
+        run = parse_run(None, default_workload=default_workload, description=description)
+    except ConfigError as error:
+        print(f"{name}: configuration error: {error}", file=sys.stderr)
+        return 2
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    inputs = build(run, device)
+    if isinstance(inputs, str):
+        print(f"{name}: {inputs}", file=sys.stderr)
+        return 2
+    try:
+        document = run_trl(run, inputs)
+    except ValueError as error:  # TRL's refusal of a setting
+        print(f"{name}: TRL refused the run: {error}", file=sys.stderr)
+        return 2
+    print(
+        f"{name}: {document['configuration']['label']}: "
+        f"{document['step_seconds_median']:.3f} s/step (whole loop), "
+        f"{document['samples_per_s']:.2f} samples/s; written to {run.output}",
+        flush=True,
+    )
+    return 0 if document["complete"] else 1
+
+
 def model_dtype(run: TrlRun, device: torch.device) -> torch.dtype:
     """The dtype the model's weights are loaded in."""
     return torch.bfloat16 if device.type == "cuda" and run.precision == "bf16" else torch.float32
@@ -142,7 +188,7 @@ def grpo_settings(run: TrlRun, device: torch.device) -> dict[str, Any]:
 def _page_size_field() -> str:
     """The name of the cache page's size in transformers' ``ContinuousBatchingConfig``:
     ``block_size`` up to 5.17 (the GPU machine's), ``page_size`` in later versions."""
-    from transformers.generation import ContinuousBatchingConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     names = {field.name for field in dataclasses.fields(ContinuousBatchingConfig)}
     return "page_size" if "page_size" in names else "block_size"
@@ -311,17 +357,10 @@ def summary(
     return document
 
 
-def run_trl(
-    run: TrlRun,
-    *,
-    model: torch.nn.Module,
-    processing_class: Any,
-    dataset: Any,
-    eos_token_id: int,
-    prompt_tokens: int,
-) -> dict[str, Any]:
-    """Train ``model`` with TRL's ``GRPOTrainer`` for ``run.steps`` steps and write the
+def run_trl(run: TrlRun, inputs: TrlInputs) -> dict[str, Any]:
+    """Train ``inputs.model`` with TRL's ``GRPOTrainer`` for ``run.steps`` steps and write the
     document after each (``complete: false``) and at the end."""
+    model, eos_token_id = inputs.model, inputs.eos_token_id
     import transformers
 
     # Any-typed: TRL's own annotations are looser than lrft's (and TRL is an optional extra)
@@ -335,7 +374,7 @@ def run_trl(
     if run.grpo.ragged is not None:
         vocab = int(model.get_output_embeddings().weight.shape[0])  # type: ignore[operator]  # a transformers model
         draw = EndDraw(
-            run.grpo.ragged, vocab_size=vocab, prompt_tokens=prompt_tokens,
+            run.grpo.ragged, vocab_size=vocab, prompt_tokens=inputs.prompt_tokens,
             eos_token_id=eos_token_id, device=device,
         )  # fmt: skip
     probe = GenerationProbe(model, device, eos_token_id, draw)
@@ -360,8 +399,8 @@ def run_trl(
         return [len(_text(completion)) / 1000.0 for completion in completions]
 
     trainer = GRPOTrainer(
-        model=model, reward_funcs=reward_length, args=args, train_dataset=dataset,
-        processing_class=processing_class, callbacks=[timer],
+        model=model, reward_funcs=reward_length, args=args, train_dataset=inputs.dataset,
+        processing_class=inputs.processing_class, callbacks=[timer],
     )  # fmt: skip
     trainer.train()
     facts["complete"] = len(timer.loop) == run.steps
