@@ -12,8 +12,8 @@ no stop id (every row runs to the end). Reports
   the device-to-device copy bandwidth measured in the same run (its read+write rate);
 - the CUDA kernels of ``--profile_tokens`` decode steps by total device time (torch.profiler),
   on the engine's own path and, with ``--eager_profile``, on the uncompiled static loop;
-- with ``--ragged``, rollouts whose responses are forced to ragged lengths (the ``w2-ragged``
-  workload's, through per-request caps) in the same rows: as many sequences as rows (finished
+- with ``--ragged``, rollouts whose responses end at EOS tokens drawn in the sampling at ragged
+  lengths (the ``w2-ragged`` workload's law, ``lrft.bench.ragged.EndDraw``) in the same rows: as many sequences as rows (finished
   rows only leave; steps move to fewer rows) and ``--queue`` times as many (finished rows are
   refilled), each against the ideal: its tokens at the uniform rollout's rate.
 
@@ -36,8 +36,9 @@ import torch
 from lrft.api import GenerationRequest, SamplingParams
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.bench.assets import prompt_ids, random_model
-from lrft.bench.ragged import forced_lengths
+from lrft.bench.ragged import EndDraw
 from lrft.bench.workloads import RaggedSpec, load_workload
+from lrft.trainer.demo.tokenizer import EOS_ID
 
 
 def synchronize(device: torch.device) -> None:
@@ -101,34 +102,48 @@ def ragged_rollouts(
     full_rate: float,
     repeats: int,
 ) -> list[dict[str, Any]]:
-    """Rollouts of ``rows * queue`` sequences, each capped at its forced length, timed like the
-    uniform one (median of ``repeats`` after a first call)."""
+    """Rollouts of ``rows * queue`` sequences whose responses end at EOS tokens drawn in the
+    sampling (``lrft.bench.ragged.EndDraw``, the ``w2-ragged`` law), timed like the uniform one
+    (median of ``repeats`` after a first call); the tokens are those of the timed calls."""
     spec = load_workload("w2-ragged").grpo.ragged  # type: ignore[union-attr]  # it has one
     longest = params.max_new_tokens  # the workload's own, where it differs from W2's
     spec = RaggedSpec(min_tokens=min(spec.min_tokens, longest), max_tokens=longest, seed=spec.seed)
+    vocab = int(engine.model.get_output_embeddings().weight.shape[0])  # type: ignore[operator]
+    draw = EndDraw(
+        spec, vocab_size=vocab, prompt_tokens=len(prompts[0]), eos_token_id=EOS_ID,
+        device=engine.device,
+    )  # fmt: skip
+    handle = draw.attach(engine.model)
+    single = SamplingParams(
+        temperature=params.temperature, top_p=params.top_p, stop_token_ids=(EOS_ID,),
+        max_new_tokens=params.max_new_tokens, return_logprobs=True, seed=0,
+    )  # fmt: skip
     figures = []
     for queue in queues:
         count = rows * queue
-        lengths = forced_lengths(spec, 0, count)
         requests = [
-            GenerationRequest(prompt_token_ids=prompts[i % len(prompts)], max_new_tokens=length)
-            for i, length in enumerate(lengths)
+            GenerationRequest(prompt_token_ids=prompts[i % len(prompts)]) for i in range(count)
         ]
-        single = SamplingParams(
-            temperature=params.temperature, top_p=params.top_p,
-            max_new_tokens=params.max_new_tokens, return_logprobs=True, seed=0,
-        )  # fmt: skip
-        timed(engine, requests, single)
-        seconds = statistics.median(timed(engine, requests, single) for _ in range(repeats))
-        tokens = sum(lengths)
+        engine.generate(requests, single)
+        runs = []
+        for _ in range(repeats):
+            synchronize(engine.device)
+            start = time.perf_counter()
+            results = engine.generate(requests, single)
+            synchronize(engine.device)
+            runs.append((time.perf_counter() - start, [len(r.output_token_ids) for r in results]))
+        seconds = statistics.median(t for t, _ in runs)
+        lengths = [n for _, found in runs for n in found]
+        tokens = sum(lengths) / len(runs)
         ideal = tokens / full_rate
         figures.append({
-            "sequences": count, "rows": rows, "tokens": tokens,
+            "sequences": count, "rows": rows, "tokens": round(tokens, 1),
             "mean_length": round(tokens / count, 1), "longest": max(lengths),
             "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1),
             "ideal_seconds": round(ideal, 3), "over_ideal": round(seconds / ideal, 2),
         })  # fmt: skip
         print(json.dumps({"ragged": figures[-1]}), flush=True)
+    handle.remove()
     return figures
 
 

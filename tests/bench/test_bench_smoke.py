@@ -68,6 +68,7 @@ def test_all_parts_on_the_tiny_workload(tmp_path: Path) -> None:
     assert env["git_commit"] is None or isinstance(env["git_commit"], str)
     assert _positive(doc["ceilings"]["matmul_tflops"])
     assert list(doc)[-4:] == ["grpo", "train_mfu", "sync", "sleep"]
+    assert doc["parts_pending"] == []
 
     grpo = doc["grpo"]
     assert grpo["steps"] == 2
@@ -123,30 +124,3 @@ def test_sync_under_torchrun_measures_the_all_gather(tmp_path: Path, ranks: int)
     assert doc["environment"]["world_size"] == ranks
     assert _positive(doc["sync"]["all_gather_bus_GBps"])
     assert _positive(doc["sync"]["GBps"]["verified"])
-
-
-def test_ragged_responses_have_the_forced_lengths(tmp_path: Path) -> None:
-    """The tiny workload with ragged responses on the static loop: every step generates exactly
-    the forced lengths' tokens, and the ragged figures are reported."""
-    from lrft.bench.ragged import forced_lengths
-    from lrft.bench.workloads import RaggedSpec, load_workload
-
-    tiny = load_workload("tiny").as_dict()
-    tiny["name"] = "tiny-ragged"
-    tiny["grpo"]["ragged"] = {"min_tokens": 2, "max_tokens": 8, "seed": 1}
-    tiny["grpo"]["train"]["hf_decode"] = "static"
-    tiny["grpo"]["train"]["micro_rollout_batch_size"] = 1  # 4 rows for 8 responses: refills
-    path = tmp_path / "tiny-ragged.json"
-    path.write_text(json.dumps(tiny))
-    doc = _bench(["grpo", "--steps=2"], tmp_path, workload=str(path))
-    ragged = doc["grpo"]["ragged"]
-    spec = RaggedSpec(min_tokens=2, max_tokens=8, seed=1)
-    forced = forced_lengths(spec, 1, 8)  # the second step's call: the steady one
-    assert ragged["forced_tokens_mean"] == sum(forced) / 8
-    # a response ends at its forced length, or earlier at the random model's EOS (rare)
-    [generated] = ragged["generated_tokens_per_step"]
-    assert len(forced) <= generated <= sum(forced)
-    assert doc["grpo"]["response_tokens_mean"] == generated / 8 == ragged["response_tokens_mean"]
-    for key in ("rollout_tokens_per_s", "full_batch_tokens_per_s", "ideal_generate_seconds"):
-        assert _positive(ragged[key]), key
-    assert _positive(ragged["generate_over_ideal"])

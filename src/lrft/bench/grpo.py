@@ -15,12 +15,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from lrft.api.errors import ConfigError, LrftError
 from lrft.bench import flops
 from lrft.bench.assets import IMAGES_KEY, model_folder, prompt_file, prompt_tokens, words_end
 from lrft.bench.ceilings import synchronize
-from lrft.bench.ragged import ForcedLengths, full_batch_tokens_per_s
+from lrft.bench.ragged import EndDraw, RecordedLengths, expected_length, full_batch_tokens_per_s
 from lrft.bench.rewards import TEXT_LENGTH
+from lrft.bench.steps import median, steady_window
 from lrft.bench.workloads import GrpoSpec, Workload
 from lrft.config import TrainConfig
 from lrft.dist import RankInfo
@@ -123,53 +126,86 @@ def run_grpo(
             "benchmark tokenizer (or processor) does not round-trip with this transformers version"
         )
     device = trainer.device
-    forced = None
+    decode_path = getattr(trainer.maker.engine, "decode_path", None)  # the hf engine's
+    recorded = draw = None
     if spec.ragged is not None:
-        forced = ForcedLengths(trainer.maker.engine, spec.ragged)
-        trainer.maker.engine = forced
+        draw = _end_draw(trainer, spec, workload, expected)
+        recorded = RecordedLengths(trainer.maker.engine)
+        trainer.maker.engine = recorded
     trainer.colocation.sync(version=trainer.step)  # as fit() does before the first step
     records = []
-    calls = []  # each step's generate calls, as indices into forced.lengths
+    calls = []  # each step's generate calls, as indices into recorded.generated
     for _ in range(total):
         synchronize(device)
         began = time.perf_counter()
-        first_call = len(forced.lengths) if forced is not None else 0
+        first_call = len(recorded.generated) if recorded is not None else 0
         metrics = trainer.train_step()
         synchronize(device)
         records.append((time.perf_counter() - began, metrics))
-        calls.append(range(first_call, len(forced.lengths) if forced is not None else 0))
-    steady = records[steady_from - 1 :]
+        calls.append(range(first_call, len(recorded.generated) if recorded is not None else 0))
     summary = _summary(
-        workload, spec, config, trainer.world_size, records, steady, steady_from, matmul_tflops
+        workload, spec, config, trainer.world_size, records, steady_from, matmul_tflops
     )
-    if forced is not None:
-        summary["ragged"] = _ragged(trainer, forced, calls[steady_from - 1 :], summary)
+    summary["engine"] = {"name": trainer.maker.engine.name, "decode_path": decode_path}
+    if recorded is not None and draw is not None:
+        summary["ragged"] = _ragged(
+            trainer, draw, recorded, steady_window(calls, steady_from), summary
+        )
     return summary
+
+
+def _end_draw(
+    trainer: RLTrainer, spec: GrpoSpec, workload: Workload, prompt_length: int
+) -> EndDraw:
+    """The ragged ends, hooked into the engine's model (see :mod:`lrft.bench.ragged`)."""
+    assert spec.ragged is not None
+    model = getattr(trainer.maker.engine, "model", None)
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(
+            f"grpo.ragged ends responses inside the engine's model: engine "
+            f"{trainer.maker.engine.name!r} exposes none (use the hf engine)"
+        )
+    stops = trainer.maker.sampling.stop_token_ids
+    if not stops:
+        raise LrftError("grpo.ragged needs the tokenizer's EOS among the rollout's stop ids")
+    draw = EndDraw(
+        spec.ragged,
+        vocab_size=workload.model.vocab_size,
+        prompt_tokens=prompt_length,
+        eos_token_id=stops[0],
+        device=trainer.device,
+    )
+    draw.attach(model)
+    return draw
 
 
 def _ragged(
     trainer: RLTrainer,
-    forced: ForcedLengths,
+    draw: EndDraw,
+    recorded: RecordedLengths,
     steady_calls: list[range],
     summary: dict[str, Any],
 ) -> dict[str, Any]:
-    """The ragged variant's figures: this rank's forced and generated lengths, and its generate
-    phase against the same tokens at the full batch's rate (measured after the steps)."""
-    spec = forced.spec
-    tokens = [sum(sum(forced.generated[call]) for call in calls) for calls in steady_calls]
-    lengths = [n for calls in steady_calls for call in calls for n in forced.generated[call]]
-    limits = [n for calls in steady_calls for call in calls for n in forced.lengths[call]]
-    full_rate = full_batch_tokens_per_s(trainer, forced)
-    per_step = _median([float(count) for count in tokens])
+    """The ragged variant's figures: this rank's generated lengths over the steady steps, and
+    its generate phase against the same tokens at the full batch's rate (measured after the
+    steps, with the ends switched off)."""
+    spec = draw.spec
+    tokens = [sum(sum(recorded.generated[call]) for call in calls) for calls in steady_calls]
+    lengths = [n for calls in steady_calls for call in calls for n in recorded.generated[call]]
+    stopped = [s for calls in steady_calls for call in calls for s in recorded.stopped[call]]
+    full_rate = full_batch_tokens_per_s(trainer, draw)
+    per_step = median([float(count) for count in tokens])
     generate_s = summary["phases_seconds_median"].get("generate", 0.0)
     ideal_s = per_step / full_rate
     return {
         "min_tokens": spec.min_tokens,
         "max_tokens": spec.max_tokens,
         "seed": spec.seed,
-        "forced_tokens_mean": statistics.fmean(limits) if limits else 0.0,
+        "ends": "drawn in the engine's sampling (lrft.bench.ragged.EndDraw)",
+        "expected_tokens_mean": expected_length(spec),
         "response_tokens_mean": statistics.fmean(lengths) if lengths else 0.0,
         "response_tokens_max": max(lengths, default=0),
+        "ended_at_stop_share": statistics.fmean(stopped) if stopped else 0.0,
         "generated_tokens_per_step": tokens,
         "rollout_tokens_per_s": per_step / generate_s if generate_s > 0 else 0.0,
         "full_batch_tokens_per_s": full_rate,
@@ -178,28 +214,24 @@ def _ragged(
     }
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
-
-
 def _summary(
     workload: Workload,
     spec: GrpoSpec,
     config: TrainConfig,
     world_size: int,
     records: list[tuple[float, dict[str, float]]],
-    steady: list[tuple[float, dict[str, float]]],
     steady_from: int,
     matmul_tflops: float,
 ) -> dict[str, Any]:
     samples = config.samples_per_rollout
-    step_seconds = _median([seconds for seconds, _ in steady])
+    steady = steady_window(records, steady_from)
+    step_seconds = median([seconds for seconds, _ in steady])
     phase_names = sorted({name for _, metrics in steady for name in _phases(metrics)})
     phases = {
-        name: _median([_phases(metrics).get(name, 0.0) for _, metrics in steady])
+        name: median([_phases(metrics).get(name, 0.0) for _, metrics in steady])
         for name in phase_names
     }
-    response = _median([metrics["train/response_length"] for _, metrics in steady])
+    response = median([metrics["train/response_length"] for _, metrics in steady])
     prompt = float(prompt_tokens(spec.prompts, workload.model))
     generated = samples * response
     generate_s = phases.get("generate", 0.0)
@@ -254,7 +286,7 @@ def _phase_memory(steady: list[tuple[float, dict[str, float]]], suffix: str) -> 
                 if suffix == "_mb" and name.endswith("_peak"):
                     continue
                 values.setdefault(name, []).append(value)
-    return {name: _median(found) for name, found in sorted(values.items())}
+    return {name: median(found) for name, found in sorted(values.items())}
 
 
 def _plain(value: object) -> object:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -17,6 +18,13 @@ from lrft.bench.flops import FORMULA
 from lrft.bench.grpo import PHASE_ROWS
 
 SCHEMA = "lrft.bench/1"
+CALL_VARIABLE = "LRFT_BENCH_CALL"
+"""The environment variable naming the run (one device call) a document was measured in; a
+side-by-side runner sets it for every stage, so a ratio can say whether both sides shared it."""
+
+
+def call_id() -> str | None:
+    return os.environ.get(CALL_VARIABLE) or None
 
 
 def git_commit() -> str | None:
@@ -53,6 +61,7 @@ def environment(device: torch.device, world_size: int) -> dict[str, Any]:
         "device_name": device_name(device),
         "world_size": world_size,
         "git_commit": git_commit(),
+        "call": call_id(),
         "flops_formula": FORMULA,
     }
 

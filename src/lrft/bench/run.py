@@ -86,7 +86,8 @@ def _release() -> None:
 
 
 def run(settings: BenchSettings) -> dict[str, Any]:
-    """Run the parts and return the document (every rank returns it; rank 0 writes it).
+    """Run the parts and return the document (every rank returns it; rank 0 writes it after
+    each part).
 
     Errors in the workload or the settings are raised before any process group starts.
     """
@@ -113,12 +114,17 @@ def run(settings: BenchSettings) -> dict[str, Any]:
             "matmul_size": workload.ceilings.matmul_size,
         },
     }
+    # Written after each part, so that a run stopped part-way (a time limit) keeps what it
+    # measured; ``parts_pending`` names what it did not reach (empty once complete).
+    document["parts_pending"] = list(parts)
+    path = settings.output_path(workload)
     for part in parts:
         document[part] = _run_part(part, workload, settings, work_dir, ceiling)
+        document["parts_pending"] = document["parts_pending"][1:]
+        if info.rank == 0:
+            write_json(document, path)
         _release()
     if info.rank == 0:
-        path = settings.output_path(workload)
-        write_json(document, path)
         print(table(document), flush=True)
         print(f"written to {path}", flush=True)
     return document

@@ -35,6 +35,7 @@ BUILT_IN = (
     "w2",
     "qwen2-1.5b",
     "tiny",
+    "tiny-ragged",
     "w2-ragged",
     "w2-lora",
     "w2-kl",

@@ -75,7 +75,7 @@ def test_parameter_count_equals_the_transformers_model(name: str) -> None:
     assert body_parameters(spec) == layers + model.model.norm.weight.numel()
 
 
-def test_w2_ragged_is_w2_with_forced_lengths() -> None:
+def test_w2_ragged_is_w2_with_ragged_ends() -> None:
     w2, ragged = load_workload("w2"), load_workload("w2-ragged")
     assert ragged.model == w2.model
     assert w2.grpo is not None
