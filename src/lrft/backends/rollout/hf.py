@@ -99,7 +99,7 @@ class HFEngineConfig:
 
     dtype: torch.dtype | None = None
     device: torch.device | None = attrs.field(default=None, converter=_optional_device)
-    max_batch_size: int = attrs.field(default=32, validator=v.positive)
+    max_batch_size: int = attrs.field(default=32, validator=v.positive_number)
     decode: str = attrs.field(default="auto", validator=v.one_of(*DECODE_PATHS))
 
 
