@@ -18,8 +18,10 @@ engine against the spec's TP size (its ``capabilities.max_tp``).
 Settings beyond the spec: a spec holds what every backend of its kind reads. What one backend
 alone reads (the hf engine's decoding path, the memory share vLLM reserves up front, FSDP2's
 resharding) travels in the spec's ``options`` mapping, which that backend's builder turns into
-an attrs class of its own with :func:`lrft.api.plugins.read_options`: an unknown name or a bad
-value is refused naming the backend and the option. This is chosen over builders that take
+an attrs class of its own with :func:`lrft.api.plugins.read_options` (an unknown name is
+refused naming the backend; a bad value by the backend's own validators). Which options a caller
+sends follows from the entry: an engine whose facts list decoding paths gets ``decode``, one
+that reserves memory gets ``memory_share``. This is chosen over builders that take
 typed extras as a second argument because the caller then needs no per-backend code to reach a
 builder: every backend is built by the same call from the same record, and a package's engine
 can declare the same facts (``reserves_memory``) and receive the same options as lrft's own.
