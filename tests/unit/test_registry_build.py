@@ -149,6 +149,42 @@ def test_an_engine_gets_the_options_its_facts_call_for(monkeypatch: pytest.Monke
     assert dict(hf_spec.options) == {"decode": "static"}
 
 
+class CapturedVLLM:
+    """Stands for the vLLM adapter: hands back the config it was given instead of starting."""
+
+    def __init__(self, model_dir: str, *, config: object) -> None:
+        raise Captured(config)
+
+
+def test_the_vllm_engine_is_configured_from_its_spec_and_option(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lrft.backends.rollout import vllm
+
+    monkeypatch.setattr(vllm, "VLLMRolloutEngine", CapturedVLLM)
+    monkeypatch.setattr("lrft.config.checks.vllm_available", lambda: True)
+    config = TrainConfig(
+        engine_type="vllm",
+        engine_tp_size=2,
+        engine_mem_util=0.3,
+        micro_rollout_batch_size=3,
+        n_samples_per_prompt=4,
+        prompt_max_len=100,
+        generate_max_len=28,
+        seed=5,
+    )
+    built = _captured_spec(rollout_engine, "m", config, INFO)
+    # each rank's 3 prompts x 4 samples, two ranks per engine
+    assert built == vllm.VLLMEngineConfig(
+        dtype=torch.float32,
+        tp_size=2,
+        max_model_len=128,
+        max_num_seqs=24,
+        gpu_memory_utilization=0.3,
+        seed=5,
+    )
+
+
 def test_the_settings_are_checked_against_the_declared_facts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
