@@ -25,21 +25,17 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 from collections.abc import Callable, Iterable, Mapping
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import attrs
 
+from lrft.api import validators as v
 from lrft.api.episodes import Environment
 from lrft.api.errors import ConfigError
 from lrft.api.tools import Tool
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-
-def _read_only(values: Mapping[str, Any]) -> Mapping[str, Any]:
-    return MappingProxyType(dict(values))
 
 
 def _tools(values: Iterable[Tool]) -> tuple[Tool, ...]:
@@ -52,7 +48,7 @@ class EnvironmentSetup:
 
     tokenizer: PreTrainedTokenizerBase
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tools)
-    options: Mapping[str, Any] = attrs.field(factory=dict, converter=_read_only, hash=False)
+    options: Mapping[str, Any] = attrs.field(factory=dict, converter=v.read_only, hash=False)
 
 
 ToolFactory = Callable[..., Tool]

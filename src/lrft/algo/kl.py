@@ -130,8 +130,8 @@ class AdaptiveKLController:
     (``n_steps`` samples since the last update). Immutable: checkpoint it as three numbers.
     """
 
-    value: float = attrs.field(validator=[c.finite, c.positive])
-    target: float = attrs.field(validator=[c.finite, c.positive])
+    value: float = attrs.field(validator=[c.finite, c.positive_number])
+    target: float = attrs.field(validator=[c.finite, c.positive_number])
     horizon: int = attrs.field(validator=c.positive_int)
 
     def update(self, current_kl: float, n_steps: int) -> AdaptiveKLController:

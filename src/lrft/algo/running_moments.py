@@ -24,11 +24,6 @@ from lrft.algo._tensor import resolution
 from lrft.api import validators as c
 
 
-def _non_negative_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{attribute.name} must be a non-negative integer, got {value!r}")
-
-
 @attrs.frozen(kw_only=True)
 class RunningMoments:
     """Count, mean and sum of squared deviations of a stream of numbers; immutable.
@@ -36,7 +31,7 @@ class RunningMoments:
     Checkpoint it with ``attrs.asdict`` (three numbers) and restore with ``RunningMoments(**d)``.
     """
 
-    count: int = attrs.field(default=0, validator=_non_negative_int)
+    count: int = attrs.field(default=0, validator=c.non_negative_int)
     mean: float = attrs.field(default=0.0, converter=float, validator=c.finite)
     m2: float = attrs.field(default=0.0, converter=float, validator=[c.finite, c.non_negative])
 

@@ -157,7 +157,7 @@ class AdvantageParams:
     """Discount per valid token (gae, reinforce, reinforce++)."""
     lambd: float = attrs.field(default=1.0, validator=c.unit_interval)
     """GAE lambda (gae)."""
-    group_std_eps: float = attrs.field(default=1e-6, validator=[c.finite, c.positive])
+    group_std_eps: float = attrs.field(default=1e-6, validator=[c.finite, c.positive_number])
     """Added to a group's standard deviation before dividing (group_norm, cpgd)."""
     cpgd_weight: CpgdWeight = attrs.field(default="std", validator=c.one_of("std", "equal"))
     """CPGD's weighting of the centred group score: ``std`` divides by the group std."""
@@ -211,11 +211,6 @@ class PolicyLossInputs:
         )
 
 
-def _below_one(_: object, attribute: attrs.Attribute[float | None], value: float | None) -> None:
-    if value is not None and not 0.0 < value < 1.0:
-        raise ConfigError(f"{attribute.name} must be in (0, 1), got {value!r}")
-
-
 def _dual_clip(_: object, attribute: attrs.Attribute[float | None], value: float | None) -> None:
     if value is not None and not value > 1.0:
         raise ConfigError(
@@ -235,9 +230,11 @@ class PolicyLossConfig:
     """
 
     eps_clip: float = attrs.field(default=0.2, validator=c.open_unit_interval)
-    eps_clip_low: float | None = attrs.field(default=None, validator=_below_one)
+    eps_clip_low: float | None = attrs.field(
+        default=None, validator=c.optional(c.open_unit_interval)
+    )
     eps_clip_high: float | None = attrs.field(
-        default=None, validator=c.optional(c.finite, c.positive)
+        default=None, validator=c.optional(c.finite, c.positive_number)
     )
     dual_clip: float | None = attrs.field(default=None, validator=_dual_clip)
     """Dual-clip PPO's ``c``: for negative advantages the token loss is at most ``-A * c``."""
@@ -248,7 +245,9 @@ class PolicyLossConfig:
     a sequence-level loss (``PolicyLossSpec.sequence_level``) rejects it."""
     max_len: int | None = attrs.field(default=None, validator=c.optional(c.positive_int))
     """The constant divisor of ``seq-mean-token-sum-norm`` (the generation length limit)."""
-    tis_cap: float | None = attrs.field(default=None, validator=c.optional(c.finite, c.positive))
+    tis_cap: float | None = attrs.field(
+        default=None, validator=c.optional(c.finite, c.positive_number)
+    )
     """Truncated importance sampling: weight ``min(exp(old - engine), tis_cap)`` when set."""
     cpgd_drift_coef: float = attrs.field(default=0.0, validator=[c.finite, c.non_negative])
     """CPGD's policy-drift coefficient (KL of the old policy from the current one, k3)."""

@@ -32,7 +32,7 @@ from lrft.api.errors import (
 )
 from lrft.api.media import MODALITIES, AudioClip, MediaInputs, Modality, ProcessedMedia
 from lrft.api.optim import OptimizerConfig, SchedulerConfig
-from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec
+from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec, read_options
 from lrft.api.protocols import (
     FrozenModel,
     IncrementalWeightSource,
@@ -124,6 +124,7 @@ __all__ = [
     "WeightsResidency",
     "WeightsUpdate",
     "combine_digests",
+    "read_options",
     "require",
     "tensor_digest",
 ]

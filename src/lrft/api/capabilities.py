@@ -71,7 +71,7 @@ class EngineCapabilities:
 
     sleep_levels: frozenset[int] = attrs.field(factory=frozenset, converter=_levels)
     sleep_frees_memory: bool = False
-    max_tp: int = attrs.field(default=1, validator=v.positive)
+    max_tp: int = attrs.field(default=1, validator=v.positive_number)
     returns_logprobs: bool = False
     images: bool = False
     audio: bool = False

@@ -28,14 +28,6 @@ from lrft.api.errors import ConfigError
 from lrft.api.types import FinishReason
 
 
-def _int_tuple(values: Any) -> tuple[int, ...]:
-    return tuple(int(x) for x in values)
-
-
-def _read_only(values: Mapping[str, Any]) -> Mapping[str, Any]:
-    return MappingProxyType(dict(values))
-
-
 def _float_metrics(values: Mapping[str, float]) -> Mapping[str, float]:
     return MappingProxyType({str(name): float(value) for name, value in values.items()})
 
@@ -92,7 +84,7 @@ class EpisodeTask:
     reference: str | None = None
     label: str = ""
     # Left out of the hash (a read-only mapping is not hashable); equality still compares it.
-    metadata: Mapping[str, Any] = attrs.field(factory=dict, converter=_read_only, hash=False)
+    metadata: Mapping[str, Any] = attrs.field(factory=dict, converter=v.read_only, hash=False)
     task_id: str = ""
 
 
@@ -101,7 +93,7 @@ class EpisodeStart:
     """The prompt an episode starts from, as token ids (the model's first turn follows it)."""
 
     prompt_token_ids: tuple[int, ...] = attrs.field(
-        converter=_int_tuple, validator=v.non_negative_ints
+        converter=v.int_tuple, validator=v.non_negative_ints
     )
 
     def __attrs_post_init__(self) -> None:
@@ -119,7 +111,7 @@ class ModelTurn:
     """
 
     index: int = attrs.field(validator=v.non_negative)
-    token_ids: tuple[int, ...] = attrs.field(converter=_int_tuple, validator=v.non_negative_ints)
+    token_ids: tuple[int, ...] = attrs.field(converter=v.int_tuple, validator=v.non_negative_ints)
     finish_reason: FinishReason
 
 
@@ -136,7 +128,7 @@ class StepResult:
     """
 
     observation_token_ids: tuple[int, ...] = attrs.field(
-        default=(), converter=_int_tuple, validator=v.non_negative_ints
+        default=(), converter=v.int_tuple, validator=v.non_negative_ints
     )
     reward: float = attrs.field(default=0.0, converter=float)
     done: bool = False
@@ -156,11 +148,6 @@ EpisodeEnd = Literal["done", "max_turns", "max_total_tokens"]
 """Why an episode ended: the environment said so, or a budget of :class:`EpisodeBudget` ran out."""
 
 
-def _optional_positive_int(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
-    if value is not None:
-        v.positive_int(_, attribute, value)
-
-
 @attrs.frozen(kw_only=True)
 class EpisodeBudget:
     """The token budgets that end an episode cleanly, whatever the model and environment do.
@@ -176,7 +163,7 @@ class EpisodeBudget:
 
     max_turns: int = attrs.field(validator=v.positive_int)
     max_total_tokens: int = attrs.field(validator=v.positive_int)
-    max_turn_tokens: int | None = attrs.field(default=None, validator=_optional_positive_int)
+    max_turn_tokens: int | None = attrs.field(default=None, validator=v.optional(v.positive_int))
 
 
 @runtime_checkable

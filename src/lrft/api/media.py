@@ -104,14 +104,6 @@ def _tensors(values: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
     return MappingProxyType(dict(values))
 
 
-def _int_tuple(values: Any) -> tuple[int, ...]:
-    return tuple(int(x) for x in values)
-
-
-def _counts(values: Mapping[str, int]) -> Mapping[str, int]:
-    return MappingProxyType(dict(values))
-
-
 @attrs.frozen(kw_only=True, eq=False)
 class ProcessedMedia:
     """What the model's processor made of one prompt with its media.
@@ -126,13 +118,15 @@ class ProcessedMedia:
     """
 
     prompt_token_ids: tuple[int, ...] = attrs.field(
-        converter=_int_tuple, validator=v.non_negative_ints
+        converter=v.int_tuple, validator=v.non_negative_ints
     )
     tensors: Mapping[str, torch.Tensor] = attrs.field(converter=_tensors)
     token_tensors: Mapping[str, torch.Tensor] = attrs.field(
         factory=lambda: MappingProxyType({}), converter=_tensors
     )
-    counts: Mapping[str, int] = attrs.field(factory=lambda: MappingProxyType({}), converter=_counts)
+    counts: Mapping[str, int] = attrs.field(
+        factory=lambda: MappingProxyType({}), converter=v.read_only
+    )
 
     def __attrs_post_init__(self) -> None:
         if not self.prompt_token_ids:

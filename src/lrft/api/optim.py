@@ -33,11 +33,11 @@ def _betas(
 class OptimizerConfig:
     """AdamW settings and gradient clipping. ``max_grad_norm <= 0`` disables clipping."""
 
-    lr: float = attrs.field(default=1e-6, validator=[v.finite, v.positive])
+    lr: float = attrs.field(default=1e-6, validator=[v.finite, v.positive_number])
     betas: tuple[float, float] = attrs.field(
         default=(0.9, 0.999), converter=_float_tuple, validator=_betas
     )
-    eps: float = attrs.field(default=1e-8, validator=v.positive)
+    eps: float = attrs.field(default=1e-8, validator=v.positive_number)
     weight_decay: float = attrs.field(default=0.0, validator=[v.finite, v.non_negative])
     max_grad_norm: float = attrs.field(default=1.0, validator=v.finite)
 

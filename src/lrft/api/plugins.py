@@ -7,16 +7,27 @@ A package adds a backend under one of the entry-point groups of :mod:`lrft.backe
 given the spec of its kind below, on every rank; what it returns must satisfy the kind's Protocol
 (:class:`~lrft.api.RolloutEngine`, :class:`~lrft.api.TrainBackend`,
 :class:`~lrft.api.WeightSync`), which is checked, and whose conformance suite
-(:mod:`lrft.testing.conformance`) the package runs in its own tests. A setting the spec does not
-carry is the backend's own business: its defaults, or its own environment variables.
+(:mod:`lrft.testing.conformance`) the package runs in its own tests. lrft's own backends are
+built the same way, through :mod:`lrft.backends.registry`.
+
+A spec's ``options`` carry the settings of one backend alone (the hf engine's ``decode``, the
+``memory_share`` an engine that reserves memory up front takes); a backend reads them into an
+attrs class of its own with :func:`read_options`. Any other setting is the backend's own
+business: its defaults, or its own environment variables.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import attrs
 import torch
 
 from lrft.api import validators as v
+from lrft.api.errors import ConfigError
+
+Options = TypeVar("Options", bound=attrs.AttrsInstance)
 
 
 @attrs.frozen(kw_only=True)
@@ -29,7 +40,9 @@ class EngineSpec:
     ``tp_size``: the tensor-parallel group the engine spans (consecutive ranks; 1: this rank
     alone; an engine whose ``capabilities.max_tp`` is smaller is refused). ``max_batch_size``:
     the most sequences one ``generate`` call asks of this rank. ``max_model_len``: prompt plus
-    response tokens at most (``None``: unbounded). ``seed``: the run's seed.
+    response tokens at most (``None``: unbounded). ``seed``: the run's seed. ``options``: the
+    engine's own settings by name (those its registry entry's facts call for; none for an
+    engine that declares no facts).
     """
 
     model_dir: str
@@ -39,16 +52,19 @@ class EngineSpec:
     max_batch_size: int = attrs.field(validator=v.positive_int)
     max_model_len: int | None = None
     seed: int = 0
+    options: Mapping[str, Any] = attrs.field(factory=dict, converter=v.read_only, hash=False)
 
 
 @attrs.frozen(kw_only=True)
 class TrainBackendSpec:
     """A train backend for one rank: ``device`` is this rank's device (torchrun's
-    ``LOCAL_RANK``), ``seed`` the run's seed. The optimizer and its schedule come later, with
-    each ``prepare_trainable`` call."""
+    ``LOCAL_RANK``), ``seed`` the run's seed, ``options`` the backend's own settings by name
+    (FSDP2's resharding, DeepSpeed's ZeRO stage; none for a package's backend). The optimizer
+    and its schedule come later, with each ``prepare_trainable`` call."""
 
     device: torch.device
     seed: int = 0
+    options: Mapping[str, Any] = attrs.field(factory=dict, converter=v.read_only, hash=False)
 
 
 @attrs.frozen(kw_only=True)
@@ -58,3 +74,18 @@ class WeightSyncSpec:
 
     bucket_bytes: int = attrs.field(validator=v.positive_int)
     verify: bool = True
+
+
+def read_options(
+    options_type: type[Options], options: Mapping[str, Any], *, backend: str
+) -> Options:
+    """A spec's ``options`` as the attrs class ``options_type`` (its fields' defaults fill what
+    is absent, its validators check what is there); a name it has no field for raises
+    ``ConfigError`` naming ``backend`` and the names it takes."""
+    known = tuple(attrs.fields_dict(options_type))
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"{backend} takes no option {unknown[0]!r}; it takes {', '.join(known) or 'none'}"
+        )
+    return options_type(**options)

@@ -7,17 +7,13 @@ reported where it is made, with the field and the rule, not deep inside an engin
 from __future__ import annotations
 
 import enum
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 import torch
 
 from lrft.api import validators as v
 from lrft.api.media import MediaInputs
-
-
-def _int_tuple(values: Any) -> tuple[int, ...]:
-    return tuple(int(x) for x in values)
 
 
 @attrs.frozen(kw_only=True)
@@ -33,14 +29,14 @@ class SamplingParams:
     the temperature (1 when greedy), before any top-k/top-p truncation.
     """
 
-    n: int = attrs.field(default=1, validator=v.positive)
+    n: int = attrs.field(default=1, validator=v.positive_number)
     temperature: float = attrs.field(default=1.0, validator=[v.finite, v.non_negative])
     top_p: float = attrs.field(default=1.0, validator=v.unit_interval_open_closed)
     top_k: int = attrs.field(default=0, validator=v.non_negative)
-    max_new_tokens: int = attrs.field(default=128, validator=v.positive)
+    max_new_tokens: int = attrs.field(default=128, validator=v.positive_number)
     min_new_tokens: int = attrs.field(default=0, validator=v.non_negative)
     stop_token_ids: tuple[int, ...] = attrs.field(
-        default=(), converter=_int_tuple, validator=v.non_negative_ints
+        default=(), converter=v.int_tuple, validator=v.non_negative_ints
     )
     seed: int | None = None
     return_logprobs: bool = False
@@ -75,7 +71,7 @@ class GenerationRequest:
     """
 
     prompt_token_ids: tuple[int, ...] = attrs.field(
-        converter=_int_tuple, validator=v.non_negative_ints
+        converter=v.int_tuple, validator=v.non_negative_ints
     )
     request_id: str = ""
     media: MediaInputs | None = None
@@ -117,8 +113,8 @@ class GenerationResult:
 
     request_id: str
     sample_index: int
-    prompt_token_ids: tuple[int, ...] = attrs.field(converter=_int_tuple)
-    output_token_ids: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    prompt_token_ids: tuple[int, ...] = attrs.field(converter=v.int_tuple)
+    output_token_ids: tuple[int, ...] = attrs.field(converter=v.int_tuple)
     finish_reason: FinishReason
     logprobs: tuple[float, ...] | None = None
 
@@ -209,7 +205,7 @@ class EngineState:
 class TensorSpec:
     """Shape and dtype an engine expects for one named weight."""
 
-    shape: tuple[int, ...] = attrs.field(converter=_int_tuple)
+    shape: tuple[int, ...] = attrs.field(converter=v.int_tuple)
     dtype: torch.dtype
 
 

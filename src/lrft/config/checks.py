@@ -10,13 +10,14 @@ loss's, is given that value.
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Callable
 
 import attrs
 import torch
 
 from lrft.algo import PolicyLossConfig, PolicyLossInputs, advantage_estimators, policy_losses
 from lrft.api.errors import ConfigError
-from lrft.config.choices import ENGINE_MAX_TP
+from lrft.backends import registry
 from lrft.config.fields import TrainFields
 from lrft.extras import (
     LORA_EXTRA,
@@ -358,29 +359,40 @@ def check_observability_settings(config: TrainFields) -> None:
 
 
 def check_engine_settings(config: TrainFields) -> None:
-    """The engine can run at ``engine_tp_size``, is installed, and reads ``engine_mem_util``."""
-    # A package's engine declares its own (checked once it is built: it is a capability).
-    max_tp = ENGINE_MAX_TP.get(config.engine_type)
-    if max_tp is not None and config.engine_tp_size > max_tp:
+    """The engine can run at ``engine_tp_size``, is installed, and reads ``hf_decode`` and
+    ``engine_mem_util``: the facts its registry entry declares (an engine that declares none,
+    an entry point's, has its TP size checked once built, against its capabilities)."""
+    facts = registry.engine_facts(config.engine_type) or registry.EngineFacts()
+    tp = config.engine_tp_size
+    if facts.max_tp is not None and tp > facts.max_tp:
+        spanning = _engines(lambda other: other.max_tp is None or other.max_tp >= tp)
         raise ConfigError(
-            f"engine_tp_size {config.engine_tp_size} exceeds engine {config.engine_type!r}'s "
-            f"maximum tensor-parallel size {max_tp} (--engine_type vllm spans a TP group)"
+            f"engine_tp_size {tp} exceeds engine {config.engine_type!r}'s maximum "
+            f"tensor-parallel size {facts.max_tp} (--engine_type {spanning} spans a TP group)"
         )
     if config.engine_type == "vllm" and not vllm_available():
         raise ConfigError(
             f"engine_type 'vllm' needs the vllm package, which is not installed: {VLLM_EXTRA}"
         )
-    if config.hf_decode != "auto" and config.engine_type != "hf":
+    if config.hf_decode != "auto" and not facts.decode_paths:
         raise ConfigError(
-            f"hf_decode {config.hf_decode!r} picks the hf engine's decoding path, but "
+            f"hf_decode {config.hf_decode!r} picks the "
+            f"{_engines(lambda other: bool(other.decode_paths))} engine's decoding path, but "
             f"engine_type is {config.engine_type!r}: leave hf_decode at 'auto'"
         )
-    if config.engine_mem_util is not None and config.engine_type != "vllm":
+    if config.engine_mem_util is not None and not facts.reserves_memory:
+        reserving = _engines(lambda other: other.reserves_memory)
         raise ConfigError(
-            f"engine_mem_util {config.engine_mem_util} sizes the memory the vllm engine reserves "
-            f"up front; engine {config.engine_type!r} reserves none (it allocates as it "
-            "generates): leave engine_mem_util unset or use engine_type vllm"
+            f"engine_mem_util {config.engine_mem_util} sizes the memory the {reserving} engine "
+            f"reserves up front; engine {config.engine_type!r} reserves none (it allocates as it "
+            f"generates): leave engine_mem_util unset or use engine_type {reserving}"
         )
+
+
+def _engines(declaring: Callable[[registry.EngineFacts], bool]) -> str:
+    """The registered engines whose facts satisfy ``declaring``, as ``a or b``."""
+    facts = registry.declared_engine_facts()
+    return " or ".join(name for name, declared in facts.items() if declaring(declared))
 
 
 def validate_world(config: TrainFields, world_size: int) -> None:

@@ -1,8 +1,9 @@
 """Each field's own rule: the validators and converters of :mod:`lrft.config.fields`.
 
-Each raises ``ConfigError`` naming the field, the value and the rule. Numeric checks refuse
-booleans and non-numbers themselves (a config file can hold any JSON value), which is why they
-do not reuse the bare comparisons of :mod:`lrft.api.validators`.
+Each raises ``ConfigError`` naming the field, the value and the rule. The rules that records
+outside the config share (numbers, integers, intervals) are those of :mod:`lrft.api.validators`;
+this module adds the rules of one setting (an estimator's name, a URL list, a JSON object) and
+the converters of the command line's comma-separated forms.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import attrs
 from lrft.agents.registry import environments as environment_registry
 from lrft.agents.registry import tools as tool_registry
 from lrft.algo import AGGREGATION_MODES, advantage_estimators, kl_estimators, policy_losses
+from lrft.api import validators as v
 from lrft.api.errors import ConfigError
-from lrft.api.validators import optional, positive_int
 from lrft.backends import registry
 from lrft.backends.registry import Kind
 from lrft.config.choices import DEMO_NAMES, HF_DECODE_PATHS, PRESET_NAMES
@@ -28,58 +29,32 @@ from lrft.redaction import redact
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """What an environment variable's name may be (``remote_rm_auth_env`` holds names, not tokens)."""
 
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-positive = positive_int
-
-
-def non_negative(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not _is_number(value) or not value >= 0:
-        raise ConfigError(f"{attribute.name} must be >= 0, got {value!r}")
-
-
-def positive_float(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not _is_number(value) or not value > 0:
-        raise ConfigError(f"{attribute.name} must be > 0, got {value!r}")
-
-
-def _unit_interval(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not _is_number(value) or not 0.0 <= value <= 1.0:
-        raise ConfigError(f"{attribute.name} must be in [0, 1], got {value!r}")
-
-
-def _fraction(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not _is_number(value) or not 0.0 < value <= 1.0:
-        raise ConfigError(f"{attribute.name} must be in (0, 1], got {value!r}")
+# The names the fields spell their shared rules with; each is the rule of lrft.api.validators
+# on its right (``positive`` is an integer's rule here, as in LightRFT's flags).
+positive = v.positive_int
+non_negative_int = v.non_negative_int
+positive_float = v.positive_number
+non_negative = v.non_negative
+dropout_probability = v.unit_interval_closed_open
 
 
 def every_n_or_never(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not (value == -1 or value > 0):
+    if not v.is_int(value) or not (value == -1 or value > 0):
         raise ConfigError(
             f"{attribute.name} must be a positive number of iterations or -1, got {value!r}"
         )
 
 
-optional_positive = optional(positive)
-optional_non_negative = optional(non_negative)
-optional_positive_float = optional(positive_float)
-optional_unit_interval = optional(_unit_interval)
-optional_fraction = optional(_fraction)
-
-
-def _finite(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not _is_number(value) or not math.isfinite(value):
-        raise ConfigError(f"{attribute.name} must be a finite number, got {value!r}")
-
-
-optional_finite = optional(_finite)
+optional_positive = v.optional(v.positive_int)
+optional_non_negative = v.optional(v.non_negative)
+optional_positive_float = v.optional(v.positive_number)
+optional_unit_interval = v.optional(v.unit_interval)
+optional_fraction = v.optional(v.unit_interval_open_closed)
+optional_finite = v.optional(v.finite)
 
 
 def token_ratio(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not _is_number(value) or not 0.0 <= value < 1.0:
+    if not v.is_number(value) or not 0.0 <= value < 1.0:
         raise ConfigError(
             f"{attribute.name} must be in [0, 1) (the top fraction of tokens kept; 0 keeps "
             f"all), got {value!r}"
@@ -189,7 +164,7 @@ def clip_pair(value: object) -> tuple[float, float] | None:
     """``eps_clip_low_high`` as a pair of floats (its bounds are checked with the other clips)."""
     if value is None:
         return None
-    numbers = isinstance(value, list | tuple) and len(value) == 2 and all(map(_is_number, value))
+    numbers = isinstance(value, list | tuple) and len(value) == 2 and all(map(v.is_number, value))
     if not numbers:
         raise ConfigError(f"eps_clip_low_high must be two numbers LOW HIGH, got {value!r}")
     assert isinstance(value, list | tuple)
@@ -255,16 +230,6 @@ def weights(value: str | list[float] | tuple[float, ...] | None) -> tuple[float,
 # --- LoRA --------------------------------------------------------------------------------------
 
 
-def non_negative_int(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{attribute.name} must be an integer >= 0, got {value!r}")
-
-
-def dropout_probability(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not _is_number(value) or not 0.0 <= value < 1.0:
-        raise ConfigError(f"{attribute.name} must be in [0, 1), got {value!r}")
-
-
 def module_names(value: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
     """``target_modules``: names given as a list, space-separated values or commas."""
     items = [value] if isinstance(value, str) else list(value)
@@ -290,7 +255,7 @@ def lr_scheduler(_: object, attribute: attrs.Attribute[Any], value: str) -> None
 
 
 def warmup_ratio(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not _is_number(value) or not 0.0 <= value < 1.0:
+    if not v.is_number(value) or not 0.0 <= value < 1.0:
         raise ConfigError(
             f"{attribute.name} must be in [0, 1) (the share of the run's optimizer steps spent "
             f"warming up), got {value!r}"
@@ -306,7 +271,7 @@ def attention(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
 
 def beta_pair(value: object) -> tuple[float, float]:
     """``adam_betas`` as two floats, each in [0, 1)."""
-    numbers = isinstance(value, list | tuple) and len(value) == 2 and all(map(_is_number, value))
+    numbers = isinstance(value, list | tuple) and len(value) == 2 and all(map(v.is_number, value))
     if not numbers:
         raise ConfigError(f"adam_betas must be two numbers BETA1 BETA2, got {value!r}")
     assert isinstance(value, list | tuple)

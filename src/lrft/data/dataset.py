@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from lrft.api import validators as v
 from lrft.api.errors import ConfigError
 from lrft.data.audio import AudioSource
 from lrft.data.errors import PromptDataError
@@ -37,14 +38,7 @@ _TOKENIZE_CHUNK = 1024
 """Prompts per tokenizer call: batches use the fast tokenizer's parallelism, chunks bound memory."""
 
 
-def _optional_positive(_: object, attribute: attrs.Attribute[Any], value: int | None) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ConfigError(f"{attribute.name} must be a positive integer or None, got {value!r}")
-
-
-def _positive(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{attribute.name} must be a positive integer, got {value!r}")
+_optional_positive = v.optional(v.positive_int)
 
 
 def _non_empty_key(_: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
@@ -95,7 +89,7 @@ class PromptDataConfig:
     split: str | None = None
     images_key: str | None = attrs.field(default=None, validator=_non_empty_key)
     limit_mm_image_per_prompt: int | None = attrs.field(default=None, validator=_optional_positive)
-    max_image_pixels: int = attrs.field(default=DEFAULT_MAX_IMAGE_PIXELS, validator=_positive)
+    max_image_pixels: int = attrs.field(default=DEFAULT_MAX_IMAGE_PIXELS, validator=v.positive_int)
     audios_key: str | None = attrs.field(default=None, validator=_non_empty_key)
     limit_mm_audio_per_prompt: int | None = attrs.field(default=None, validator=_optional_positive)
 

@@ -11,12 +11,8 @@ from collections.abc import Iterator, Mapping
 import attrs
 import torch
 
+from lrft.api import validators as v
 from lrft.api.errors import ConfigError
-
-
-def _non_negative_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{attribute.name} must be a non-negative integer, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -27,8 +23,8 @@ class SamplerPosition:
     global batch size. A finished epoch is stored as the start of the next one.
     """
 
-    epoch: int = attrs.field(default=0, validator=_non_negative_int)
-    consumed_samples: int = attrs.field(default=0, validator=_non_negative_int)
+    epoch: int = attrs.field(default=0, validator=v.non_negative_int)
+    consumed_samples: int = attrs.field(default=0, validator=v.non_negative_int)
 
 
 @attrs.frozen(kw_only=True)
@@ -123,7 +119,7 @@ class DistributedPromptSampler:
             ("global_batch_size", global_batch_size),
             ("world_size", world_size),
         ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not v.is_int(value) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         if not isinstance(rank, int) or not 0 <= rank < world_size:
             raise ConfigError(f"rank {rank!r} is outside [0, world_size={world_size})")

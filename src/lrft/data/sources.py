@@ -12,20 +12,17 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from types import MappingProxyType, ModuleType
+from types import ModuleType
 from typing import Any
 
 import attrs
 
+from lrft.api import validators as v
 from lrft.api.errors import ConfigError
 from lrft.data.errors import PromptDataError
 
 JSON_SUFFIXES = (".jsonl", ".json")
 PARQUET_SUFFIXES = (".parquet",)
-
-
-def _read_only(values: Mapping[str, object]) -> Mapping[str, object]:
-    return MappingProxyType(dict(values))
 
 
 @attrs.frozen(kw_only=True)
@@ -34,7 +31,7 @@ class SourceRow:
 
     index: int
     where: str
-    values: Mapping[str, object] = attrs.field(converter=_read_only)
+    values: Mapping[str, object] = attrs.field(converter=v.read_only)
 
     def describe_keys(self) -> str:
         return ", ".join(repr(key) for key in self.values) or "none"

@@ -11,20 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from lrft.api import validators as v
 from lrft.api.media import MediaInputs
 
 if TYPE_CHECKING:
     from lrft.data.audio import AudioSource
     from lrft.data.images import ImageSource
-
-
-def _int_tuple(values: Any) -> tuple[int, ...]:
-    return tuple(int(x) for x in values)
-
-
-def _read_only(values: Mapping[str, object]) -> Mapping[str, object]:
-    # A read-only view, so a frozen sample cannot be changed through its metadata either.
-    return MappingProxyType(dict(values))
 
 
 def _sources(values: Any) -> tuple[ImageSource, ...]:
@@ -33,11 +25,6 @@ def _sources(values: Any) -> tuple[ImageSource, ...]:
 
 def _audio_sources(values: Any) -> tuple[AudioSource, ...]:
     return tuple(values)
-
-
-def _non_negative_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{attribute.name} must be a non-negative integer, got {value!r}")
 
 
 def _non_empty_token_ids(
@@ -74,14 +61,14 @@ class PromptSample:
 
     prompt_text: str
     prompt_token_ids: tuple[int, ...] = attrs.field(
-        converter=_int_tuple, validator=_non_empty_token_ids
+        converter=v.int_tuple, validator=_non_empty_token_ids
     )
     label: object = None
     reference: object = None
     metadata: Mapping[str, object] = attrs.field(
-        factory=lambda: MappingProxyType({}), converter=_read_only
+        factory=lambda: MappingProxyType({}), converter=v.read_only
     )
-    source_index: int = attrs.field(default=0, validator=_non_negative_int)
+    source_index: int = attrs.field(default=0, validator=v.non_negative_int)
     images: tuple[ImageSource, ...] = attrs.field(default=(), converter=_sources)
     audio: tuple[AudioSource, ...] = attrs.field(default=(), converter=_audio_sources)
     media: MediaInputs | None = None
@@ -103,12 +90,12 @@ class PromptStats:
     """
 
     source: str
-    rows: int = attrs.field(validator=_non_negative_int)
-    kept: int = attrs.field(validator=_non_negative_int)
+    rows: int = attrs.field(validator=v.non_negative_int)
+    kept: int = attrs.field(validator=v.non_negative_int)
     max_prompt_length: int | None
-    dropped_too_long: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
-    dropped_empty: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
-    longest_kept: int = attrs.field(default=0, validator=_non_negative_int)
+    dropped_too_long: tuple[int, ...] = attrs.field(default=(), converter=v.int_tuple)
+    dropped_empty: tuple[int, ...] = attrs.field(default=(), converter=v.int_tuple)
+    longest_kept: int = attrs.field(default=0, validator=v.non_negative_int)
 
     def __attrs_post_init__(self) -> None:
         accounted = self.kept + len(self.dropped_too_long) + len(self.dropped_empty)

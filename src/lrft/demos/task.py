@@ -66,9 +66,9 @@ class AdditionTask:
     Python guarantees not to change.
     """
 
-    digits: int = attrs.field(default=2, validator=v.positive)
-    num_train: int = attrs.field(default=6000, validator=v.positive)
-    num_eval: int = attrs.field(default=500, validator=v.positive)
+    digits: int = attrs.field(default=2, validator=v.positive_number)
+    num_train: int = attrs.field(default=6000, validator=v.positive_number)
+    num_eval: int = attrs.field(default=500, validator=v.positive_number)
     seed: int = 0
 
     def __attrs_post_init__(self) -> None:

@@ -7,12 +7,8 @@ from functools import cached_property
 import attrs
 import torch.distributed as dist
 
+from lrft.api import validators as v
 from lrft.api.errors import ConfigError
-
-
-def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{attribute.name} must be a positive integer, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -25,8 +21,8 @@ class RolloutLayout:
     same TP shard.
     """
 
-    world_size: int = attrs.field(validator=_positive)
-    tp_size: int = attrs.field(validator=_positive)
+    world_size: int = attrs.field(validator=v.positive_int)
+    tp_size: int = attrs.field(validator=v.positive_int)
 
     def __attrs_post_init__(self) -> None:
         if self.world_size % self.tp_size:

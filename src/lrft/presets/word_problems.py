@@ -98,8 +98,8 @@ class WordProblem:
     template: int = attrs.field(validator=v.non_negative)
     question: str
     operation: Operation
-    a: int = attrs.field(validator=v.positive)
-    b: int = attrs.field(validator=v.positive)
+    a: int = attrs.field(validator=v.positive_number)
+    b: int = attrs.field(validator=v.positive_number)
     answer: int
 
     @property
@@ -151,10 +151,10 @@ class WordProblemTask:
     sets.
     """
 
-    num_train: int = attrs.field(default=2000, validator=v.positive)
-    num_eval: int = attrs.field(default=200, validator=v.positive)
-    max_operand: int = attrs.field(default=10, validator=v.positive)
-    max_factor: int = attrs.field(default=5, validator=v.positive)
+    num_train: int = attrs.field(default=2000, validator=v.positive_number)
+    num_eval: int = attrs.field(default=200, validator=v.positive_number)
+    max_operand: int = attrs.field(default=10, validator=v.positive_number)
+    max_factor: int = attrs.field(default=5, validator=v.positive_number)
     seed: int = 0
 
     def __attrs_post_init__(self) -> None:

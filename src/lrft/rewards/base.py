@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 import torch
 
+from lrft.api import validators as v
 from lrft.api.errors import LrftError
 from lrft.api.media import AudioClip, Image
 from lrft.rewards._checks import name_validator
@@ -40,10 +41,6 @@ def _audio_tuple(clips: Sequence[AudioClip]) -> tuple[AudioClip, ...]:
     return tuple(clips)
 
 
-def _frozen_mapping(value: Mapping[str, Any]) -> Mapping[str, Any]:
-    return MappingProxyType(dict(value))
-
-
 @attrs.frozen(kw_only=True)
 class RewardSample:
     """One response to score.
@@ -62,7 +59,7 @@ class RewardSample:
     label: str = ""
     reference: str | None = None
     # Left out of the hash (a read-only mapping is not hashable); equality still compares it.
-    metadata: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen_mapping, hash=False)
+    metadata: Mapping[str, Any] = attrs.field(factory=dict, converter=v.read_only, hash=False)
     # Compared and hashed by identity: images are the prompt's own objects, not values.
     images: tuple[Image, ...] = attrs.field(
         default=(), converter=_image_tuple, eq=False, hash=False

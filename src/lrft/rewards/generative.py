@@ -22,7 +22,7 @@ import attrs
 from lrft.api.errors import LrftError
 from lrft.api.protocols import RolloutEngine
 from lrft.api.types import GenerationRequest, SamplingParams
-from lrft.api.validators import positive
+from lrft.api.validators import positive_number
 from lrft.rewards._checks import name_validator
 from lrft.rewards.base import RewardError, RewardOutput, RewardSample
 from lrft.rewards.judge_template import JudgeTemplate
@@ -70,7 +70,7 @@ class GenerativeReward:
     engine: RolloutEngine
     tokenizer: JudgeTokenizer
     template: JudgeTemplate
-    max_new_tokens: int = attrs.field(default=64, validator=positive)
+    max_new_tokens: int = attrs.field(default=64, validator=positive_number)
     stop_token_ids: tuple[int, ...] = ()
     apply_chat_template: bool = False
     unparsable_score: float | None = None

@@ -13,7 +13,7 @@ import attrs
 import torch
 
 from lrft.algo.shaping import overlong_penalty
-from lrft.api.validators import finite, non_negative, positive
+from lrft.api.validators import finite, non_negative, positive_number
 from lrft.rewards._checks import name_validator
 from lrft.rewards.base import RewardOutput, RewardSample
 
@@ -49,8 +49,8 @@ class OverlongPenalty:
     ``length`` records what it measured.
     """
 
-    max_length: int = attrs.field(validator=positive)
-    buffer_length: int = attrs.field(validator=positive)
+    max_length: int = attrs.field(validator=positive_number)
+    buffer_length: int = attrs.field(validator=positive_number)
     penalty_factor: float = attrs.field(default=1.0, validator=[finite, non_negative])
     length: Callable[[RewardSample], int] = generated_tokens
     name: str = attrs.field(default="overlong", validator=name_validator)

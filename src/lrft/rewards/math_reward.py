@@ -26,7 +26,7 @@ from typing import Any
 
 import attrs
 
-from lrft.api.validators import finite, non_negative, positive
+from lrft.api.validators import finite, non_negative, positive_number
 from lrft.rewards._checks import name_validator
 from lrft.rewards.answers import ANSWER_FORMATS, AnswerFormat, extract_answer, reference_answer
 from lrft.rewards.base import RewardError, RewardOutput, RewardSample
@@ -142,13 +142,13 @@ class MathVerifyReward:
     """
 
     name: str = attrs.field(default="math", validator=name_validator)
-    timeout_s: float = attrs.field(default=5.0, validator=[finite, positive])
+    timeout_s: float = attrs.field(default=5.0, validator=[finite, positive_number])
     formats: tuple[AnswerFormat, ...] = attrs.field(default=ANSWER_FORMATS, converter=tuple)
     float_rounding: int = 6
     numeric_precision: int = 15
     strict: bool = True
     memory_limit_bytes: int = attrs.field(default=4 << 30, validator=non_negative)
-    start_timeout_s: float = attrs.field(default=60.0, validator=[finite, positive])
+    start_timeout_s: float = attrs.field(default=60.0, validator=[finite, positive_number])
     _worker: _Worker = attrs.field(
         init=False,
         repr=False,

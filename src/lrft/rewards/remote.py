@@ -36,7 +36,7 @@ from typing import Any
 import attrs
 import httpx
 
-from lrft.api.validators import finite, non_negative, one_of, optional, positive
+from lrft.api.validators import finite, non_negative, one_of, optional, positive_number
 from lrft.redaction import REDACTED, is_secret_name, redact
 from lrft.rewards._checks import name_validator
 from lrft.rewards.base import RewardError, RewardOutput, RewardSample
@@ -100,8 +100,8 @@ class RemoteReward:
     """
 
     url: str = attrs.field(validator=_check_url, repr=_url_repr)
-    timeout_s: float = attrs.field(default=30.0, validator=[finite, positive])
-    max_attempts: int = attrs.field(default=3, validator=positive)
+    timeout_s: float = attrs.field(default=30.0, validator=[finite, positive_number])
+    max_attempts: int = attrs.field(default=3, validator=positive_number)
     backoff_s: float = attrs.field(default=DEFAULT_BACKOFF_S, validator=[finite, non_negative])
     max_backoff_s: float = attrs.field(
         default=DEFAULT_MAX_BACKOFF_S, validator=[finite, non_negative]
@@ -110,9 +110,9 @@ class RemoteReward:
     trust_env: bool = True
     name: str = attrs.field(default="remote", validator=name_validator)
     protocol: str = attrs.field(default="lrft", validator=one_of(*PROTOCOLS))
-    batch_size: int | None = attrs.field(default=None, validator=optional(positive))
+    batch_size: int | None = attrs.field(default=None, validator=optional(positive_number))
     """The most samples one POST carries (``None``: the whole batch in one)."""
-    max_concurrency: int = attrs.field(default=1, validator=positive)
+    max_concurrency: int = attrs.field(default=1, validator=positive_number)
     """The most POSTs of one batch in flight at once."""
     _client: httpx.Client = attrs.field(
         init=False,

@@ -10,13 +10,13 @@ move). A bare ``torch.nn.Module`` works too, for a model that stays put.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import attrs
 import torch
 
 from lrft.api.errors import ConfigError
-from lrft.api.validators import non_negative, positive
+from lrft.api.validators import non_negative, optional, positive_int, positive_number
 from lrft.rewards._checks import name_validator
 from lrft.rewards.base import RewardError, RewardOutput, RewardSample
 
@@ -37,11 +37,6 @@ class TextTokenizer(Protocol):
 def prompt_then_response(sample: RewardSample) -> str:
     """The default text to score: the prompt (already templated) followed by the response."""
     return sample.prompt + sample.response
-
-
-def _optional_positive(_: Any, attribute: attrs.Attribute[Any], value: int | None) -> None:
-    if value is not None and value < 1:
-        raise ValueError(f"{attribute.name} must be >= 1 or None, got {value!r}")
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -67,8 +62,8 @@ class SequenceClassifierReward:
     tokenizer: TextTokenizer
     text: Callable[[RewardSample], str] = prompt_then_response
     add_special_tokens: bool = True
-    max_length: int | None = attrs.field(default=None, validator=_optional_positive)
-    micro_batch_size: int = attrs.field(default=8, validator=positive)
+    max_length: int | None = attrs.field(default=None, validator=optional(positive_int))
+    micro_batch_size: int = attrs.field(default=8, validator=positive_number)
     label_index: int = attrs.field(default=0, validator=non_negative)
     name: str = attrs.field(default="reward_model", validator=name_validator)
 

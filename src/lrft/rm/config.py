@@ -26,11 +26,6 @@ def _schedule(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
         raise ConfigError(f"{attribute.name} {value!r} is unknown; choose one of {LR_SCHEDULES}")
 
 
-def _non_negative_int(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{attribute.name} must be an integer >= 0, got {value!r}")
-
-
 @attrs.frozen(kw_only=True)
 class RMTrainConfig:
     """Everything ``lrft train-rm`` does; see ``lrft train-rm --help`` for each field."""
@@ -73,7 +68,7 @@ class RMTrainConfig:
     max_steps: int | None = attrs.field(default=None, validator=f.optional_positive)
     learning_rate: float = attrs.field(default=1e-5, validator=f.positive_float)
     lr_scheduler: str = attrs.field(default="constant", validator=_schedule)
-    lr_warmup_steps: int = attrs.field(default=0, validator=_non_negative_int)
+    lr_warmup_steps: int = attrs.field(default=0, validator=f.non_negative_int)
     l2: float = attrs.field(default=0.0, validator=f.non_negative)
     max_norm: float = attrs.field(default=1.0, validator=f.non_negative)
     zero_stage: int | None = attrs.field(default=None, validator=f.zero_stage)

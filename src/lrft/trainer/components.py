@@ -1,26 +1,26 @@
-"""The three Protocols' implementations that a :class:`TrainConfig` names, built through
-:mod:`lrft.backends.registry`: the train backend, the rollout engine and the weight sync."""
+"""The three Protocols' implementations that a :class:`TrainConfig` names: the train backend,
+the rollout engine and the weight sync, each built by :mod:`lrft.backends.registry` from its
+kind's spec (:mod:`lrft.api.plugins`), lrft's own and installed packages' alike.
+
+This module turns the config into those specs. An engine's options follow the facts its
+registry entry declares (decoding paths: ``hf_decode``; memory reserved up front:
+``engine_mem_util``); a train backend's are the settings named after it (``fsdp_*`` for
+``fsdp2``, ``zero_stage`` and ``deepspeed_config`` for ``deepspeed``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import Any
 
 import torch
 
 from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec
 from lrft.api.protocols import RolloutEngine, TrainBackend, WeightSync
 from lrft.backends import registry
-from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
-from lrft.backends.sync.direct import DEFAULT_BUCKET_BYTES, DirectSync
-from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
+from lrft.backends.sync.direct import DEFAULT_BUCKET_BYTES
 from lrft.config import TrainConfig
 from lrft.dist import RankInfo
-from lrft.trainer.plugins import plugin_engine, plugin_sync, plugin_train_backend
-
-if TYPE_CHECKING:
-    from lrft.backends.train.deepspeed import ZeroStage
 
 
 def _rollout_dtype(info: RankInfo) -> torch.dtype:
@@ -29,58 +29,23 @@ def _rollout_dtype(info: RankInfo) -> torch.dtype:
     return torch.bfloat16 if info.device.type == "cuda" else torch.float32
 
 
-def _hf_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> RolloutEngine:
-    chunk = config.micro_rollout_batch_size * config.n_samples_per_prompt
-    engine_config = HFEngineConfig(
-        dtype=_rollout_dtype(info), max_batch_size=chunk, decode=config.hf_decode
-    )
-    return HFRolloutEngine.from_pretrained(pretrain, config=engine_config)
-
-
-def _vllm_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> RolloutEngine:
-    """One vLLM engine per TP group of consecutive ranks; collective over the default group."""
-    # imported here: vllm is an optional dependency and lrft never imports it unasked
-    from lrft.backends.rollout.vllm import VLLMEngineConfig, VLLMRolloutEngine
-
-    chunk = config.micro_rollout_batch_size * config.n_samples_per_prompt
-    engine_config = VLLMEngineConfig(
-        dtype=_rollout_dtype(info),
-        tp_size=config.engine_tp_size,
-        max_model_len=(
-            None
-            if config.prompt_max_len is None
-            else config.prompt_max_len + config.generate_max_len
-        ),
-        # the group's ranks hand their chunks to one engine
-        max_num_seqs=chunk * config.engine_tp_size,
-        gpu_memory_utilization=engine_memory_share(config, info),
-        seed=config.seed,
-    )
-    return VLLMRolloutEngine(pretrain, config=engine_config)
-
-
 def engine_memory_share(config: TrainConfig, info: RankInfo) -> float:
+    """The fraction of memory an engine that reserves it up front takes on ``info``'s rank."""
     return config.engine_memory_share(
         local_world_size=info.local_world_size, on_cuda=info.device.type == "cuda"
     )
 
 
-ENGINES: dict[str, Callable[[str, TrainConfig, RankInfo], RolloutEngine]] = {
-    "hf": _hf_engine,
-    "vllm": _vllm_engine,
-}
-"""lrft's own rollout engines, built from their own settings; each must be listed in
-``ENGINE_MAX_TP``. Any other registered engine is built from its :class:`EngineSpec`."""
-
-
-def rollout_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> RolloutEngine:
-    """The ``engine_type`` engine serving ``pretrain`` on this rank (collective for TP
-    engines)."""
-    registry.load("rollout", config.engine_type)  # a missing package's error names its extra
-    build = ENGINES.get(config.engine_type)
-    if build is not None:
-        return build(pretrain, config, info)
-    spec = EngineSpec(
+def engine_spec(pretrain: str, config: TrainConfig, info: RankInfo) -> EngineSpec:
+    """The spec the ``engine_type`` engine serving ``pretrain`` on ``info``'s rank is built
+    from."""
+    facts = registry.engine_facts(config.engine_type)
+    options: dict[str, Any] = {}
+    if facts is not None and facts.decode_paths:
+        options["decode"] = config.hf_decode
+    if facts is not None and facts.reserves_memory:
+        options["memory_share"] = engine_memory_share(config, info)
+    return EngineSpec(
         model_dir=pretrain,
         device=info.device,
         dtype=_rollout_dtype(info),
@@ -90,39 +55,47 @@ def rollout_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> Rollou
         if config.prompt_max_len is None
         else config.prompt_max_len + config.generate_max_len,
         seed=config.seed,
+        options=options,
     )
-    return plugin_engine(config.engine_type, spec)
+
+
+def rollout_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> RolloutEngine:
+    """The ``engine_type`` engine serving ``pretrain`` on this rank (collective for TP
+    engines)."""
+    return registry.build_engine(config.engine_type, engine_spec(pretrain, config, info))
 
 
 def weight_sync(config: TrainConfig) -> WeightSync:
     """The ``weight_sync`` sync: lrft's ``direct``, or a registered package's."""
-    if config.weight_sync == "direct":
-        return DirectSync()
-    return plugin_sync(config.weight_sync, WeightSyncSpec(bucket_bytes=DEFAULT_BUCKET_BYTES))
+    return registry.build_sync(
+        config.weight_sync, WeightSyncSpec(bucket_bytes=DEFAULT_BUCKET_BYTES)
+    )
+
+
+def _train_options(config: TrainConfig) -> dict[str, Any]:
+    name = config.train_backend_name
+    if name == "fsdp2":
+        return {
+            "cpu_offload": config.fsdp_cpu_offload,
+            "reshard_after_forward": config.fsdp_reshard_after_forward,
+            "defer_gradient_sync": config.fsdp_defer_gradient_sync,
+        }
+    if name == "deepspeed":
+        # imported here, as the registry imports the backend: only when deepspeed is chosen
+        from lrft.backends.train.deepspeed import read_override
+
+        path = config.deepspeed_config
+        return {
+            "zero_stage": config.zero_stage,
+            "override": {} if path is None else read_override(Path(path)),
+        }
+    return {}
 
 
 def train_backend(config: TrainConfig, info: RankInfo | None = None) -> TrainBackend:
     """The train backend ``config`` names (:attr:`TrainConfig.train_backend_name`): FSDP2 by
     default, DeepSpeed ZeRO at ``zero_stage``, or a registered package's (built for ``info``'s
     rank, torchrun's by default)."""
-    name = config.train_backend_name
-    registry.load("train", name)  # a missing package's error names its extra
-    if name not in ("fsdp2", "deepspeed"):
-        rank = info if info is not None else RankInfo.from_env()
-        return plugin_train_backend(name, TrainBackendSpec(device=rank.device, seed=config.seed))
-    if name == "fsdp2":
-        return FSDP2Backend(
-            FSDP2Config(
-                cpu_offload=config.fsdp_cpu_offload,
-                reshard_after_forward=config.fsdp_reshard_after_forward,
-                defer_gradient_sync=config.fsdp_defer_gradient_sync,
-            )
-        )
-    # imported here: deepspeed is an optional dependency and lrft never imports it unasked
-    from lrft.backends.train.deepspeed import DeepSpeedBackend, DeepSpeedConfig, read_override
-
-    override = (
-        {} if config.deepspeed_config is None else read_override(Path(config.deepspeed_config))
-    )
-    stage = cast("ZeroStage", config.zero_stage)
-    return DeepSpeedBackend(DeepSpeedConfig(zero_stage=stage, override=override))
+    rank = info if info is not None else RankInfo.from_env()
+    spec = TrainBackendSpec(device=rank.device, seed=config.seed, options=_train_options(config))
+    return registry.build_train_backend(config.train_backend_name, spec)

@@ -192,5 +192,5 @@ def test_validation(
 ) -> None:
     with pytest.raises(ValueError, match="micro_batch_size must be > 0, got 0"):
         SequenceClassifierReward(model=model, tokenizer=tokenizer, micro_batch_size=0)
-    with pytest.raises(ValueError, match="max_length must be >= 1 or None, got 0"):
+    with pytest.raises(ValueError, match="max_length must be a positive integer, got 0"):
         SequenceClassifierReward(model=model, tokenizer=tokenizer, max_length=0)

@@ -73,7 +73,7 @@ def test_a_judge_template_without_a_score_slot_is_refused_at_once(tmp_path: Path
         ),
         (
             ["--grm_pretrain=j", "--grm_unparsable_score=nan"],
-            r"grm_unparsable_score must be a finite number",
+            r"grm_unparsable_score must be finite, got nan",
         ),
         (
             ["--grm_pretrain=j", "--reward_weights=1,2"],

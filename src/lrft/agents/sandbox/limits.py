@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from typing import Any, Literal
+from typing import Literal
 
 import attrs
 
@@ -17,10 +17,6 @@ Isolation = Literal["auto", "namespaces", "rlimits"]
 namespaces, plus resource limits), ``rlimits`` (resource limits and an audit hook: a best
 effort), or ``auto``: namespaces where this machine allows them, else rlimits with a warning."""
 IsolationMode = Literal["namespaces", "rlimits"]
-
-
-def _whole_seconds(_: Any, attribute: attrs.Attribute[Any], value: int) -> None:
-    v.positive_int(_, attribute, value)
 
 
 @attrs.frozen(kw_only=True)
@@ -41,8 +37,8 @@ class SandboxLimits:
     - ``code_bytes``: the largest program accepted.
     """
 
-    wall_time_s: float = attrs.field(default=10.0, validator=[v.finite, v.positive])
-    cpu_time_s: int = attrs.field(default=5, validator=_whole_seconds)
+    wall_time_s: float = attrs.field(default=10.0, validator=[v.finite, v.positive_number])
+    cpu_time_s: int = attrs.field(default=5, validator=v.positive_int)
     memory_bytes: int = attrs.field(default=512 * MiB, validator=v.positive_int)
     output_bytes: int = attrs.field(default=16 * 1024, validator=v.positive_int)
     work_bytes: int = attrs.field(default=16 * MiB, validator=v.positive_int)

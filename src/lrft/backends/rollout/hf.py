@@ -53,6 +53,7 @@ from lrft.api.types import (
     TensorSpec,
     WeightsResidency,
 )
+from lrft.backends import registry
 from lrft.backends.rollout._engine_base import EngineAdapter, caller_rng_kept, default_device
 from lrft.backends.rollout._hf_decode import (
     PAD_ID,
@@ -69,7 +70,7 @@ from lrft.models.media import (
     placeholder_token_ids,
 )
 
-DECODE_PATHS = ("auto", "generate", "static", "cuda_graph", "compiled")
+DECODE_PATHS = registry.declared_engine_facts()["hf"].decode_paths
 
 
 def _optional_device(value: str | torch.device | None) -> torch.device | None:
@@ -99,7 +100,7 @@ class HFEngineConfig:
 
     dtype: torch.dtype | None = None
     device: torch.device | None = attrs.field(default=None, converter=_optional_device)
-    max_batch_size: int = attrs.field(default=32, validator=v.positive)
+    max_batch_size: int = attrs.field(default=32, validator=v.positive_number)
     decode: str = attrs.field(default="auto", validator=v.one_of(*DECODE_PATHS))
 
 

@@ -58,13 +58,6 @@ from lrft.dist.layout import RolloutLayout
 from lrft.kernels import digest_sums_many
 
 
-def _optional_positive(
-    instance: object, attribute: attrs.Attribute[Any], value: int | None
-) -> None:
-    if value is not None:
-        v.positive(instance, attribute, value)
-
-
 @attrs.frozen(kw_only=True)
 class VLLMEngineConfig:
     """Settings of the ``vllm`` engine.
@@ -82,9 +75,9 @@ class VLLMEngineConfig:
     """
 
     dtype: torch.dtype | None = None
-    tp_size: int = attrs.field(default=1, validator=v.positive)
-    max_model_len: int | None = attrs.field(default=512, validator=_optional_positive)
-    max_num_seqs: int = attrs.field(default=64, validator=v.positive)
+    tp_size: int = attrs.field(default=1, validator=v.positive_number)
+    max_model_len: int | None = attrs.field(default=512, validator=v.optional(v.positive_number))
+    max_num_seqs: int = attrs.field(default=64, validator=v.positive_number)
     gpu_memory_utilization: float = attrs.field(default=0.5, validator=v.unit_interval_open_closed)
     seed: int = 0
 

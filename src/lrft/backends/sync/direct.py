@@ -25,6 +25,7 @@ from collections.abc import Callable
 import attrs
 import torch
 
+from lrft.api import validators as v
 from lrft.api.capabilities import SyncCapabilities
 from lrft.api.protocols import IncrementalWeightSource, RolloutEngine, WeightSource
 from lrft.api.types import EnginePart, SyncReport, WeightsResidency, WeightsUpdate
@@ -33,11 +34,6 @@ from lrft.backends.sync._layout import MemoSlot
 from lrft.backends.sync._stream import Stream, loads_in_place
 
 DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
-
-
-def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value <= 0:
-        raise ValueError(f"{attribute.name} must be > 0, got {value!r}")
 
 
 def _identity(name: str) -> str:
@@ -56,7 +52,7 @@ class DirectSync:
         LoRA model's adapted modules) when the source says every rank can (see ``WeightSync``).
     """
 
-    bucket_bytes: int = attrs.field(default=DEFAULT_BUCKET_BYTES, validator=_positive)
+    bucket_bytes: int = attrs.field(default=DEFAULT_BUCKET_BYTES, validator=v.positive_number)
     verify: bool = True
     name_map: Callable[[str], str] = _identity
     changes_only: bool = True

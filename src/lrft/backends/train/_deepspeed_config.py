@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import attrs
 
+from lrft.api import validators as v
 from lrft.api.errors import ConfigError
 
 ZeroStage = Literal[1, 2, 3]
@@ -83,16 +84,6 @@ def _stage(_: object, attribute: attrs.Attribute[int], value: int) -> None:
         raise ConfigError(f"{attribute.name} must be 1, 2 or 3, got {value!r}")
 
 
-def _non_negative_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ConfigError(f"{attribute.name} must be an integer >= 0, got {value!r}")
-
-
-def _positive_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"{attribute.name} must be an integer > 0, got {value!r}")
-
-
 @attrs.frozen(kw_only=True)
 class DeepSpeedConfig:
     """Settings of the ``deepspeed`` backend; :meth:`deepspeed_config` turns them into DeepSpeed's.
@@ -120,11 +111,11 @@ class DeepSpeedConfig:
     zero_stage: ZeroStage = attrs.field(default=2, validator=_stage)
     mixed_precision: bool | None = None
     overlap_comm: bool | None = None
-    reduce_bucket_size: int = attrs.field(default=500_000_000, validator=_positive_int)
-    allgather_bucket_size: int = attrs.field(default=500_000_000, validator=_positive_int)
-    param_persistence_threshold: int = attrs.field(default=100_000, validator=_non_negative_int)
-    prefetch_bucket_size: int = attrs.field(default=50_000_000, validator=_non_negative_int)
-    max_live_parameters: int = attrs.field(default=1_000_000_000, validator=_positive_int)
+    reduce_bucket_size: int = attrs.field(default=500_000_000, validator=v.positive_int)
+    allgather_bucket_size: int = attrs.field(default=500_000_000, validator=v.positive_int)
+    param_persistence_threshold: int = attrs.field(default=100_000, validator=v.non_negative_int)
+    prefetch_bucket_size: int = attrs.field(default=50_000_000, validator=v.non_negative_int)
+    max_live_parameters: int = attrs.field(default=1_000_000_000, validator=v.positive_int)
     frozen_zero3: bool | None = None
     override: dict[str, Any] = attrs.field(factory=dict, converter=_json_object, hash=False)
 

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import attrs
 import torch
 
+from lrft.api import validators as v
 from lrft.api.errors import CapabilityNotSupported, ConfigError
 from lrft.api.protocols import TrainableModel
 from lrft.api.types import ModelPart, Placement
@@ -37,16 +38,6 @@ def require_peft() -> None:
         raise ImportError(f"LoRA needs peft: {LORA_EXTRA}") from error
 
 
-def _positive(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{attribute.name} must be > 0, got {value!r}")
-
-
-def _dropout(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not 0.0 <= value < 1.0:
-        raise ConfigError(f"{attribute.name} must be in [0, 1), got {value!r}")
-
-
 def _names(_: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
     if not value or any(not name for name in value):
         raise ConfigError(f"{attribute.name} must name at least one module, got {value!r}")
@@ -57,9 +48,9 @@ class LoraSettings:
     """The adapters: rank ``r``, scaling ``alpha / r``, dropout on their input, and the modules
     they adapt (module names or name suffixes, as peft matches them, or ``all-linear``)."""
 
-    rank: int = attrs.field(validator=_positive)
-    alpha: int = attrs.field(default=16, validator=_positive)
-    dropout: float = attrs.field(default=0.0, validator=_dropout)
+    rank: int = attrs.field(validator=v.positive_number)
+    alpha: int = attrs.field(default=16, validator=v.positive_number)
+    dropout: float = attrs.field(default=0.0, validator=v.unit_interval_closed_open)
     target_modules: tuple[str, ...] = attrs.field(default=(ALL_LINEAR,), validator=_names)
 
     @property

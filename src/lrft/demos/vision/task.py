@@ -113,8 +113,8 @@ def _scene(generator: random.Random) -> Scene:
 class ShapeCountTask:
     """Seeded, disjoint training and held-out scenes."""
 
-    num_train: int = attrs.field(default=2048, validator=v.positive)
-    num_eval: int = attrs.field(default=200, validator=v.positive)
+    num_train: int = attrs.field(default=2048, validator=v.positive_number)
+    num_eval: int = attrs.field(default=200, validator=v.positive_number)
     seed: int = 0
 
     def _scenes(self) -> tuple[tuple[Scene, ...], tuple[Scene, ...]]:
