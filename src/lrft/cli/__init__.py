@@ -22,6 +22,7 @@ from typing import Any
 import attrs
 
 from lrft.api.errors import CollectiveTimeout, ConfigError, LrftError
+from lrft.backends.registry import import_plugins
 from lrft.cli.bench import add_bench_parser, bench_main
 from lrft.cli.config_file import read_keys
 from lrft.cli.eval import add_eval_parser, eval_main
@@ -33,7 +34,6 @@ from lrft.config.validators import plugin_modules
 from lrft.dist.init import close_distributed
 from lrft.redaction import redact
 from lrft.run.progress import library_bars_allowed, silence_library_bars
-from lrft.trainer.plugins import import_plugins
 
 _DECIMAL = r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|inf|infinity|nan"
 NEGATIVE_NUMBERS = re.compile(rf"^-({_DECIMAL})(,[-+]?({_DECIMAL}))*$", re.IGNORECASE)

@@ -27,16 +27,16 @@ from transformers import AutoTokenizer
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import RolloutEngine, TrainBackend
 from lrft.api.types import GenerationResult
+from lrft.backends.registry import import_plugins
 from lrft.backends.sync.direct import DirectSync
 from lrft.config import TrainConfig
 from lrft.data import PromptSample, eval_indices
-from lrft.dist import RankInfo, RolloutLayout, all_gather_objects, init_distributed
+from lrft.dist import RankInfo, all_gather_objects, init_distributed
 from lrft.eval.metrics import PromptResult, by_label, summarize, table
 from lrft.run import checkpoint as ckpt
-from lrft.trainer.build import causal_lm, experience_maker
-from lrft.trainer.components import rollout_engine, train_backend
+from lrft.trainer.build import causal_lm, rollout_stack
+from lrft.trainer.components import train_backend
 from lrft.trainer.experience import ExperienceMaker
-from lrft.trainer.plugins import import_plugins
 from lrft.trainer.prompts import load_prompts
 from lrft.trainer.rewards import build_reward, check_reward_settings, data_labels
 
@@ -113,25 +113,12 @@ def resolve_model(model: str) -> ModelSource:
     )
 
 
-def shared_config(values: dict[str, Any], source: ModelSource, n_samples: int) -> TrainConfig:
+def shared_config(values: dict[str, Any], source: ModelSource) -> TrainConfig:
     """The settings ``lrft eval`` shares with ``lrft train`` as a :class:`TrainConfig`, with the
-    model, and a checkpoint's train backend, filled in (the batch settings of training do not
-    apply and stay at values every rule accepts)."""
+    model, and a checkpoint's train backend, filled in. Only the shared settings are read: the
+    training-only ones keep their defaults and nothing reads them."""
     backend = {k: source.saved[k] for k in CHECKPOINT_BACKEND_SETTINGS if k in source.saved}
-    return TrainConfig(
-        **{
-            **values,
-            **backend,
-            "pretrain": source.pretrain,
-            "advantage_estimator": "reinforce",  # no groups: any n_samples_per_prompt is valid
-            # the engine's batches hold micro_rollout_batch_size x this many sequences
-            "n_samples_per_prompt": max(n_samples, 1),
-            "rollout_batch_size": 1,
-            "train_batch_size": 1,
-            "micro_train_batch_size": 1,
-            "save_hf_model": False,
-        }
-    )
+    return TrainConfig(**{**values, **backend, "pretrain": source.pretrain})
 
 
 def run_eval(settings: EvalSettings, values: dict[str, Any]) -> dict[str, Any] | None:
@@ -140,9 +127,7 @@ def run_eval(settings: EvalSettings, values: dict[str, Any]) -> dict[str, Any] |
     import_plugins(values.get("plugins", ()))
     source = resolve_model(settings.model)
     config = shared_config(
-        {**values, "prompt_data": settings.dataset, "prompt_split": settings.split},
-        source,
-        settings.n_samples,
+        {**values, "prompt_data": settings.dataset, "prompt_split": settings.split}, source
     )
     config.validate_inputs()
     check_reward_settings(config)
@@ -154,22 +139,19 @@ def run_eval(settings: EvalSettings, values: dict[str, Any]) -> dict[str, Any] |
     )
     backend = train_backend(config, info)
     reward = build_reward(config, backend, data_labels([data]))
-    engine = rollout_engine(source.pretrain, config, info)
+    stack = rollout_stack(
+        config,
+        info,
+        pretrain=source.pretrain,
+        reward=reward,
+        tokenizer=tokenizer,
+        device=backend.device,
+        # the engine's batches hold micro_rollout_batch_size prompts of this many responses
+        samples_per_prompt=max(settings.n_samples, 1),
+    )
+    engine, maker = stack.engine, stack.maker
     if source.checkpoint is not None:
         _load_checkpoint(config, backend, source.checkpoint, engine)
-    tp_group = None
-    if config.engine_tp_size > 1:
-        layout = RolloutLayout(world_size=info.world_size, tp_size=config.engine_tp_size)
-        tp_group = layout.build_groups().tp_group
-    maker = experience_maker(
-        config,
-        engine=engine,
-        decode=lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=True)),
-        reward=reward,
-        device=backend.device,
-        tp_group=tp_group,
-        eos_token_id=tokenizer.eos_token_id,
-    )
     prompts = data.select(eval_indices(len(data), rank=info.rank, world_size=info.world_size))
     chunks = math.ceil(math.ceil(len(data) / info.world_size) / config.micro_rollout_batch_size)
     mine = _evaluate(settings, maker, prompts, chunks, config, info.rank)

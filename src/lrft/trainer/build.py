@@ -23,6 +23,7 @@ from lrft.api.errors import ConfigError
 from lrft.api.optim import SchedulerConfig
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, TrainBackend
 from lrft.api.types import ModelPart, SamplingParams
+from lrft.backends.registry import engine_facts, import_plugins
 from lrft.backends.train.lora import AdaptersDisabled, apply_lora
 from lrft.config import TrainConfig
 from lrft.data import DistributedPromptSampler, MediaProcessor
@@ -42,7 +43,6 @@ from lrft.trainer.components import engine_memory_share, rollout_engine, train_b
 from lrft.trainer.critic import CriticUpdate
 from lrft.trainer.episodes import EpisodeRunner
 from lrft.trainer.experience import Decode, ExperienceMaker
-from lrft.trainer.plugins import import_plugins
 from lrft.trainer.policy import PolicyUpdate, needs_old_logprob_pass
 from lrft.trainer.preflight import check_before_start
 from lrft.trainer.prompts import eval_prompts, load_prompts, planned_iterations
@@ -177,10 +177,13 @@ def rollout_stack(
     reward: RewardFn,
     tokenizer: PreTrainedTokenizerBase,
     device: torch.device,
+    samples_per_prompt: int | None = None,
 ) -> RolloutStack:
     """The engine serving ``pretrain``, its TP group and the experience maker, as ``lrft
-    train`` and ``lrft eval`` both build them. Collective over the default group."""
-    engine = rollout_engine(pretrain, config, info)
+    train`` and ``lrft eval`` both build them; the engine's batches hold
+    ``micro_rollout_batch_size`` prompts of ``samples_per_prompt`` responses (default:
+    ``n_samples_per_prompt``). Collective over the default group."""
+    engine = rollout_engine(pretrain, config, info, samples_per_prompt=samples_per_prompt)
     tp_group = None
     if config.engine_tp_size > 1:
         layout = RolloutLayout(world_size=info.world_size, tp_size=config.engine_tp_size)
@@ -204,7 +207,8 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
     info = rank_info if rank_info is not None else RankInfo.from_env()
     import_plugins(config.plugins)
     config.validate_world(info.world_size)
-    if config.engine_type == "vllm":
+    facts = engine_facts(config.engine_type)
+    if facts is not None and facts.reserves_memory:
         engine_memory_share(config, info)  # its ConfigError before any process group starts
     removed = claim_outputs(config, rank=info.rank)
     if removed is not None:

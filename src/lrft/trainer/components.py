@@ -36,9 +36,13 @@ def engine_memory_share(config: TrainConfig, info: RankInfo) -> float:
     )
 
 
-def engine_spec(pretrain: str, config: TrainConfig, info: RankInfo) -> EngineSpec:
+def engine_spec(
+    pretrain: str, config: TrainConfig, info: RankInfo, *, samples_per_prompt: int | None = None
+) -> EngineSpec:
     """The spec the ``engine_type`` engine serving ``pretrain`` on ``info``'s rank is built
-    from."""
+    from; its batches hold ``micro_rollout_batch_size`` prompts of ``samples_per_prompt``
+    responses each (default: ``n_samples_per_prompt``)."""
+    per_prompt = config.n_samples_per_prompt if samples_per_prompt is None else samples_per_prompt
     facts = registry.engine_facts(config.engine_type)
     options: dict[str, Any] = {}
     if facts is not None and facts.decode_paths:
@@ -50,7 +54,7 @@ def engine_spec(pretrain: str, config: TrainConfig, info: RankInfo) -> EngineSpe
         device=info.device,
         dtype=_rollout_dtype(info),
         tp_size=config.engine_tp_size,
-        max_batch_size=config.micro_rollout_batch_size * config.n_samples_per_prompt,
+        max_batch_size=config.micro_rollout_batch_size * per_prompt,
         max_model_len=None
         if config.prompt_max_len is None
         else config.prompt_max_len + config.generate_max_len,
@@ -59,10 +63,13 @@ def engine_spec(pretrain: str, config: TrainConfig, info: RankInfo) -> EngineSpe
     )
 
 
-def rollout_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> RolloutEngine:
+def rollout_engine(
+    pretrain: str, config: TrainConfig, info: RankInfo, *, samples_per_prompt: int | None = None
+) -> RolloutEngine:
     """The ``engine_type`` engine serving ``pretrain`` on this rank (collective for TP
-    engines)."""
-    return registry.build_engine(config.engine_type, engine_spec(pretrain, config, info))
+    engines); ``samples_per_prompt`` as :func:`engine_spec` takes it."""
+    spec = engine_spec(pretrain, config, info, samples_per_prompt=samples_per_prompt)
+    return registry.build_engine(config.engine_type, spec)
 
 
 def weight_sync(config: TrainConfig) -> WeightSync:
