@@ -6,11 +6,8 @@ LightRFT command line or config file reads the same here. Each field's own rule 
 is set (:mod:`lrft.config.validators`); the rules across fields (:mod:`lrft.config.checks`) run
 when a :class:`TrainConfig` is made, which is why :class:`TrainFields` is not made on its own.
 The settings a rollout reads come first (:class:`lrft.config.rollout_fields.RolloutFields`),
-then those of training, the algorithm, the backends and the outputs (:class:`TrainFields`).
-
-Each field's docstring is its flag's help (``lrft train --help``), and its metadata names the
-section that lists it (:mod:`lrft.config.flag_spec`). A ``name`` in double backquotes is another
-setting, shown as ``--name`` in the help.
+then those of training, the algorithm, the backends and the outputs (:class:`TrainFields`); as
+there, a field's docstring is its flag's help and its metadata the flag's ``--help`` section.
 """
 
 from __future__ import annotations
@@ -22,18 +19,23 @@ import attrs
 from lrft.algo import AGGREGATION_MODES, advantage_estimators, kl_estimators, policy_losses
 from lrft.api.errors import ConfigError
 from lrft.config import validators as f
-from lrft.config.flag_spec import FlagGroup, flag, optional_int
+from lrft.config.flag_spec import (
+    ALGORITHM,
+    BACKEND,
+    CRITIC,
+    LORA,
+    MODEL_AND_DATA,
+    OUTPUT,
+    REWARDS,
+    ROLLOUT,
+    TRAINING,
+    FlagGroup,
+    flag,
+    optional_int,
+)
 from lrft.config.rollout_fields import RolloutFields, registered
 from lrft.config.validators import ATTENTION_KERNELS, LR_SCHEDULERS
 from lrft.extras import PLOTS_EXTRA, tensorboard_available
-
-ALGORITHM = flag(FlagGroup.ALGORITHM)
-CRITIC = flag(FlagGroup.CRITIC)
-TRAINING = flag(FlagGroup.TRAINING)
-LORA = flag(FlagGroup.LORA)
-BACKEND = flag(FlagGroup.BACKEND)
-OUTPUT = flag(FlagGroup.OUTPUT)
-MODEL_AND_DATA = flag(FlagGroup.MODEL_AND_DATA)
 
 
 def _tensorboard_default(config: TrainFields) -> bool:
@@ -124,7 +126,7 @@ class TrainFields(RolloutFields):
     """The KL estimator."""
     use_kl_loss: bool = attrs.field(default=False, metadata=ALGORITHM)
     """KL in the loss (GRPO) instead of in the reward."""
-    normalize_reward: bool = attrs.field(default=False, metadata=flag(FlagGroup.REWARDS))
+    normalize_reward: bool = attrs.field(default=False, metadata=REWARDS)
     """Scale rewards by running statistics all-gathered across ranks (kept in checkpoints)."""
     # policy loss and sampling algorithms (lrft.algo) ---------------------------------------
     policy_loss_type: str = attrs.field(
@@ -177,18 +179,18 @@ class TrainFields(RolloutFields):
         default=None, validator=f.optional_non_negative, metadata=ALGORITHM
     )
     """The overlong penalty at ``generate_max_len`` (unset: 1; needs ``overlong_buffer_len``)."""
-    use_fire_sampling: bool = attrs.field(default=False, metadata=flag(FlagGroup.ROLLOUT))
+    use_fire_sampling: bool = attrs.field(default=False, metadata=ROLLOUT)
     """FIRE: sample each response's first token at ``fire_first_token_temperature`` and the rest
     at ``temperature``; logprobs use the same temperatures."""
     fire_first_token_temperature: float | None = attrs.field(
-        default=None, validator=f.optional_positive_float, metadata=flag(FlagGroup.ROLLOUT)
+        default=None, validator=f.optional_positive_float, metadata=ROLLOUT
     )
     """FIRE's first-token temperature (unset: 10; needs ``use_fire_sampling``)."""
-    dynamic_sampling: bool = attrs.field(default=False, metadata=flag(FlagGroup.ROLLOUT))
+    dynamic_sampling: bool = attrs.field(default=False, metadata=ROLLOUT)
     """DAPO's dynamic sampling: drop prompts whose responses all score the same and refill the
     batch with further prompts (up to ``max_num_gen_batches`` generate rounds)."""
     max_num_gen_batches: int | None = attrs.field(
-        default=None, validator=f.optional_positive, metadata=flag(FlagGroup.ROLLOUT)
+        default=None, validator=f.optional_positive, metadata=ROLLOUT
     )
     """Generate rounds per iteration with ``dynamic_sampling``, the first included (unset: 4);
     when they run out the batch is completed with dropped groups."""
@@ -335,9 +337,7 @@ class TrainFields(RolloutFields):
     )
     """The adaptive controller's horizon in samples: an iteration moves the coefficient by at
     most 20% x its samples / horizon (unset: 10000; needs ``kl_target``)."""
-    reward_clip: float = attrs.field(
-        default=0.0, validator=f.non_negative, metadata=flag(FlagGroup.REWARDS)
-    )
+    reward_clip: float = attrs.field(default=0.0, validator=f.non_negative, metadata=REWARDS)
     """Clip each reward to [-c, c] after shaping and ``normalize_reward`` (0: off)."""
     advantage_clip: float = attrs.field(default=0.0, validator=f.non_negative, metadata=ALGORITHM)
     """Clip each advantage to [-c, c] after the estimator's normalisation (0: off)."""

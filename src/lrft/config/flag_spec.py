@@ -62,6 +62,20 @@ def flag(group: enum.Enum, **options: Any) -> dict[str, FlagSpec]:
     return {FLAG_SPEC: FlagSpec(group=group, **options)}
 
 
+# The metadata of a field whose flag needs nothing but its group.
+MODEL_AND_DATA = flag(FlagGroup.MODEL_AND_DATA)
+MEDIA = flag(FlagGroup.MEDIA)
+REWARDS = flag(FlagGroup.REWARDS)
+ROLLOUT = flag(FlagGroup.ROLLOUT)
+ENGINE = flag(FlagGroup.ENGINE)
+ALGORITHM = flag(FlagGroup.ALGORITHM)
+CRITIC = flag(FlagGroup.CRITIC)
+TRAINING = flag(FlagGroup.TRAINING)
+LORA = flag(FlagGroup.LORA)
+BACKEND = flag(FlagGroup.BACKEND)
+OUTPUT = flag(FlagGroup.OUTPUT)
+
+
 def optional_int(text: str) -> int | None:
     """An integer, or ``none`` for unset."""
     return None if text.lower() == "none" else int(text)

@@ -18,15 +18,18 @@ from lrft.backends import registry
 from lrft.backends.registry import Kind
 from lrft.config import validators as f
 from lrft.config.choices import DEMO_NAMES, HF_DECODE_PATHS, PRESET_NAMES
-from lrft.config.flag_spec import FlagGroup, flag
+from lrft.config.flag_spec import (
+    ENGINE,
+    MEDIA,
+    MODEL_AND_DATA,
+    REWARDS,
+    ROLLOUT,
+    FlagGroup,
+    flag,
+)
 from lrft.data.images import DEFAULT_MAX_IMAGE_PIXELS
 from lrft.rewards.remote_protocols import PROTOCOLS
 
-MODEL_AND_DATA = flag(FlagGroup.MODEL_AND_DATA)
-MEDIA = flag(FlagGroup.MEDIA)
-REWARDS = flag(FlagGroup.REWARDS)
-ROLLOUT = flag(FlagGroup.ROLLOUT)
-ENGINE = flag(FlagGroup.ENGINE)
 PATHS = "PATH[,PATH...]"
 
 
