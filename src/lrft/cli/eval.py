@@ -114,9 +114,7 @@ def add_eval_parser(commands: Any) -> argparse.ArgumentParser:
         required=True,
         help="prompts: .jsonl/.json/.parquet or datasets folder [required]",
     )
-    own.add_argument(
-        "--split", default=None, help="a DatasetDict folder's split [default: train]"
-    )
+    own.add_argument("--split", default=None, help="a DatasetDict folder's split [default: train]")
     own.add_argument(
         "--greedy",
         action=argparse.BooleanOptionalAction,

@@ -14,11 +14,12 @@ import ast
 import enum
 import functools
 import inspect
+import itertools
 import re
-import textwrap
 import types
 import typing
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -47,26 +48,53 @@ class Flag:
 
 
 @functools.cache
+def _module_tree(path: str) -> ast.Module:
+    return ast.parse(Path(path).read_text(encoding="utf-8"))
+
+
+def _defines(node: ast.AST, name: str) -> bool:
+    definitions = ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+    return isinstance(node, definitions) and node.name == name
+
+
+def _class_node(klass: type) -> ast.ClassDef | None:
+    """The definition of ``klass`` in its module's source (found by its qualified name)."""
+    try:
+        node: ast.AST = _module_tree(inspect.getfile(klass))
+    except (OSError, TypeError):  # a built-in class, or no source shipped
+        return None
+    for name in klass.__qualname__.split("."):
+        if name == "<locals>":
+            continue
+        # a top-level name is among the body's statements; one local to a function may be
+        # nested deeper (under an if or a with)
+        nodes = getattr(node, "body", [])
+        found = [n for n in nodes if _defines(n, name)] or [
+            n for n in ast.walk(node) if n is not node and _defines(n, name)
+        ]
+        if not found:
+            return None
+        node = found[0]
+    return node if isinstance(node, ast.ClassDef) else None
+
+
+@functools.cache
 def attribute_docstrings(cls: type) -> Mapping[str, str]:
     """Each attribute's docstring (the string under its annotated assignment) in ``cls`` and its
     bases, read from their source; an attribute without one is absent."""
     docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        try:
-            source = textwrap.dedent(inspect.getsource(klass))
-        except (OSError, TypeError):  # object, or no source shipped
-            continue
-        body = ast.parse(source).body[0]
-        assert isinstance(body, ast.ClassDef), klass
-        for node, following in zip(body.body, body.body[1:], strict=False):
+    for klass in reversed(cls.__mro__[:-1]):
+        node = _class_node(klass)
+        body = node.body if node is not None else []
+        for target, following in itertools.pairwise(body):
             if (
-                isinstance(node, ast.AnnAssign)
-                and isinstance(node.target, ast.Name)
+                isinstance(target, ast.AnnAssign)
+                and isinstance(target.target, ast.Name)
                 and isinstance(following, ast.Expr)
                 and isinstance(following.value, ast.Constant)
                 and isinstance(following.value.value, str)
             ):
-                docs[node.target.id] = inspect.cleandoc(following.value.value)
+                docs[target.target.id] = inspect.cleandoc(following.value.value)
     return docs
 
 
