@@ -144,10 +144,10 @@ def add_eval_parser(commands: Any) -> argparse.ArgumentParser:
         "--output", default=None, help="write the JSON report here (rank 0) [default: unset]"
     )
     shared = parser.add_argument_group("shared with lrft train (same meaning)")
-    for flag in FLAGS:
-        if flag.name in SHARED_FLAGS:
-            text = EVAL_WORDING.get(flag.name, flag.help)
-            add_flag(shared, flag, f"{text} [{shown_default(flag)}]")
+    by_name = {flag.name: flag for flag in FLAGS}
+    for name in SHARED_FLAGS:
+        text = EVAL_WORDING.get(name, by_name[name].help)
+        add_flag(shared, by_name[name], f"{text} [{shown_default(by_name[name])}]")
     return parser
 
 
