@@ -1,10 +1,11 @@
 """``lrft train``: the command line (LightRFT's flag names) and its torchrun entry point; the
 other commands (``lrft eval``, ``lrft train-rm``, ``lrft bench``) have modules of their own.
 
-Every flag maps to one :class:`~lrft.trainer.TrainConfig` field of the same name; ``--config``
-reads a JSON or YAML file of the same keys (the command line wins). The config is built and
-validated (including the world-size rules, read from torchrun's environment, and the model
-folders, prompt files and credential variables it names) before any process group starts.
+Every flag maps to one :class:`~lrft.config.TrainConfig` field of the same name
+(:mod:`lrft.cli.flags`); ``--config`` reads a JSON or YAML file of the same keys (the command
+line wins). The config is built and validated (including the world-size rules, read from
+torchrun's environment, and the model folders, prompt files and credential variables it names)
+before any process group starts.
 """
 
 from __future__ import annotations
@@ -19,21 +20,35 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 from lrft.api.errors import CollectiveTimeout, ConfigError, LrftError
+from lrft.backends import registry
 from lrft.backends.registry import import_plugins
 from lrft.cli.bench import add_bench_parser, bench_main
 from lrft.cli.config_file import read_keys
 from lrft.cli.eval import add_eval_parser, eval_main
-from lrft.cli.flags import FLAGS, Flag, FlagGroup, shown_default
+from lrft.cli.flags import FLAGS, FlagGroup, add_grouped_flags, translate_names
+from lrft.cli.launch import single_process_env
 from lrft.cli.lightrft import translate
 from lrft.cli.train_rm import add_train_rm_parser, train_rm_main
 from lrft.config import TrainConfig
 from lrft.config.validators import plugin_modules
+from lrft.demos import DEMO_CRITIC_SETTINGS, DEMO_LORA_SETTINGS, DEMO_SETTINGS
+from lrft.demos.vision.settings import VISION_DEMO_SETTINGS
 from lrft.dist.init import close_distributed
 from lrft.redaction import redact
 from lrft.run.progress import library_bars_allowed, silence_library_bars
+
+DESCRIPTION = (
+    "lrft: reinforcement fine-tuning (GRPO, PPO and their variants) of Hugging Face models, on "
+    "one process or under torchrun. Each command lists its own flags: lrft COMMAND --help."
+)
+DEMO_VARIANTS = (
+    ("demo", DEMO_SETTINGS),
+    ("demo with gae", DEMO_CRITIC_SETTINGS),
+    ("demo with --lora_rank", DEMO_LORA_SETTINGS),
+    ("vision demo", VISION_DEMO_SETTINGS),
+)
+"""The built-in demos' settings, each shown in ``--help`` where it differs from the default."""
 
 _DECIMAL = r"(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|inf|infinity|nan"
 NEGATIVE_NUMBERS = re.compile(rf"^-({_DECIMAL})(,[-+]?({_DECIMAL}))*$", re.IGNORECASE)
@@ -44,7 +59,7 @@ the config validator names the rule it breaks."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lrft", description=__doc__)
+    parser = argparse.ArgumentParser(prog="lrft", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
         "train",
@@ -61,34 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--config", type=Path, default=None, help="a JSON or YAML file of these same keys"
     )
-    sections = {group: train.add_argument_group(group.value) for group in FlagGroup}
-    for flag in FLAGS:
-        _add(sections[flag.group], flag)
+    add_grouped_flags(train, FLAGS, FlagGroup, DEMO_VARIANTS)
     add_bench_parser(commands)  # listed in `lrft --help`; `lrft bench` is parsed by bench_main
     add_train_rm_parser(commands)  # likewise: `lrft train-rm` is parsed by train_rm_main
     add_eval_parser(commands)
     return parser
-
-
-def _add(section: argparse._ArgumentGroup, flag: Flag) -> None:
-    # The config supplies every default (the demo's and presets' among them), so argparse keeps
-    # none (SUPPRESS: an absent flag is absent from the namespace); the help shows them instead.
-    name = f"--{flag.name}"
-    text = f"{flag.help} [{shown_default(flag)}]".replace("%", "%%")
-    if flag.kind is bool:
-        section.add_argument(
-            name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text
-        )
-        return
-    section.add_argument(
-        name,
-        type=flag.kind,
-        choices=flag.choices() if callable(flag.choices) else flag.choices,
-        default=argparse.SUPPRESS,
-        metavar=flag.metavar,
-        nargs=flag.nargs,
-        help=text,
-    )
 
 
 def read_config_file(path: Path) -> dict[str, Any]:
@@ -104,7 +96,8 @@ def config_from_args(argv: Sequence[str]) -> TrainConfig:
     argv = list(argv)
     if argv[:1] == ["train"]:
         import_plugins(_plugins_named(argv[1:]))  # before the parser lists what they register
-        argv = ["train", *translate(argv[1:], **_flag_names())]
+        known = translate_names(FLAGS, registry.entries("rollout"))
+        argv = ["train", *translate(argv[1:], **known)]
     args = vars(build_parser().parse_args(argv))
     args.pop("command")
     config_file = args.pop("config")
@@ -139,32 +132,8 @@ def _plugins_named(argv: Sequence[str]) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _flag_names() -> dict[str, Any]:
-    """What :func:`lrft.cli.lightrft.translate` needs to know of lrft's own flags."""
-    from lrft.backends import registry
-
-    return {
-        "switches": {f.name for f in FLAGS if f.kind is bool},
-        "valued": {f.name for f in FLAGS if f.kind is not bool},
-        "known_engines": set(registry.entries("rollout")),
-    }
-
-
 def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def _single_process_env() -> None:
-    # `python -m lrft train` outside torchrun: one rank.
-    for name, value in (
-        ("RANK", "0"),
-        ("LOCAL_RANK", "0"),
-        ("WORLD_SIZE", "1"),
-        ("LOCAL_WORLD_SIZE", "1"),
-        ("MASTER_ADDR", "127.0.0.1"),
-        ("MASTER_PORT", "29512"),
-    ):
-        os.environ.setdefault(name, value)
 
 
 EXIT_CONFIG_ERROR = 2
@@ -210,7 +179,7 @@ def _train_main(argv: list[str]) -> int:
     except ConfigError as error:
         _fail(f"lrft: configuration error: {error}")
         return EXIT_CONFIG_ERROR
-    _single_process_env()
+    single_process_env()
     if not library_bars_allowed(rank=int(rank), requested=config.progress_bar, stream=sys.stderr):
         silence_library_bars()  # before any model, dataset or engine is loaded
     from lrft.demos.apply import apply_demo_or_preset
@@ -238,4 +207,3 @@ def _train_main(argv: list[str]) -> int:
 
 
 __all__ = ["build_parser", "config_from_args", "main", "read_config_file"]
-_ = attrs

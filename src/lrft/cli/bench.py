@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +19,7 @@ from lrft.api.errors import ConfigError, LrftError
 from lrft.bench.grpo import check_train_settings
 from lrft.bench.run import DEFAULT_WORKLOADS, MODES, BenchSettings
 from lrft.bench.workloads import BUILT_IN, load_workload
+from lrft.cli.launch import command_parser, single_process_env
 
 DESCRIPTION = (
     "Throughput of lrft's trainer components on a fixed workload, against ceilings measured in "
@@ -67,9 +67,7 @@ def add_bench_parser(commands: Any) -> argparse.ArgumentParser:
 
 
 def build_bench_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lrft")
-    add_bench_parser(parser.add_subparsers(dest="command", required=True))
-    return parser
+    return command_parser(add_bench_parser)
 
 
 def settings_from_args(argv: Sequence[str]) -> BenchSettings:
@@ -88,25 +86,15 @@ def settings_from_args(argv: Sequence[str]) -> BenchSettings:
     return settings
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def bench_main(argv: Sequence[str]) -> int:
     from lrft.bench.run import run
-    from lrft.cli import _single_process_env
 
     try:
         settings = settings_from_args(argv)
     except ConfigError as error:
         print(f"lrft bench: configuration error: {error}", file=sys.stderr)
         return 2
-    if "RANK" not in os.environ:
-        # One process: any free port for its 1-rank group, so two benchmarks can run side by side.
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    _single_process_env()
+    single_process_env(any_port=True)
     try:
         run(settings)
     except ConfigError as error:

@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from lrft.api.errors import ConfigError, LrftError
-from lrft.cli.flags import FLAGS, Flag
+from lrft.backends import registry
+from lrft.cli.flags import FLAGS, add_flag, shown_default, translate_names
+from lrft.cli.launch import command_parser, single_process_env
 from lrft.cli.lightrft import translate
 from lrft.redaction import redact
 
@@ -66,6 +68,23 @@ SHARED_FLAGS = (
 )
 """The ``lrft train`` flags ``lrft eval`` reads, with the same meaning."""
 
+EVAL_WORDING = {
+    "max_samples": "Evaluate only the first N rows of --dataset.",
+    "micro_rollout_batch_size": "Prompts per generate chunk, and sequences per reward-model "
+    "forward (per rank).",
+    "generate_max_len": "The most new tokens per response.",
+    "temperature": "The sampling temperature (> 0) of the --n_samples responses per prompt (the "
+    "greedy one ignores it).",
+    "top_p": "The nucleus sampling threshold of the --n_samples responses per prompt.",
+    "reward_pretrain": "Reward models: sequence-classification folders with one label, scoring "
+    "prompt + response.",
+    "attn_implementation": "The attention kernel of the models loaded beside the engine (a "
+    "checkpoint's policy, the reward models): flash_attention_2 needs the flash-attn package and "
+    "CUDA; the hf engine keeps its own kernel.",
+    "seed": "The seed of the sampled responses.",
+}
+"""The help of the shared flags whose ``lrft train`` help speaks of training."""
+
 
 OWN_VALUED = ("model", "dataset", "split", "n_samples", "pass_k", "correct_above", "output")
 """``lrft eval``'s own flags that take a value (``--greedy`` is its one switch)."""
@@ -88,12 +107,14 @@ def add_eval_parser(commands: Any) -> argparse.ArgumentParser:
         "--model",
         required=True,
         help="a Hugging Face folder, an lrft checkpoint (global_step<k>), or the folder holding "
-        "checkpoints (its newest)",
+        "checkpoints (its newest) [required]",
     )
     own.add_argument(
-        "--dataset", required=True, help="prompts: .jsonl/.json/.parquet or datasets folder"
+        "--dataset",
+        required=True,
+        help="prompts: .jsonl/.json/.parquet or datasets folder [required]",
     )
-    own.add_argument("--split", default=None, help="a DatasetDict folder's split (unset: train)")
+    own.add_argument("--split", default=None, help="a DatasetDict folder's split [default: train]")
     own.add_argument(
         "--greedy",
         action=argparse.BooleanOptionalAction,
@@ -119,38 +140,19 @@ def add_eval_parser(commands: Any) -> argparse.ArgumentParser:
         default=0.0,
         help="a response counts as correct when its reward exceeds this [default: 0]",
     )
-    own.add_argument("--output", default=None, help="write the JSON report here (rank 0)")
+    own.add_argument(
+        "--output", default=None, help="write the JSON report here (rank 0) [default: unset]"
+    )
     shared = parser.add_argument_group("shared with lrft train (same meaning)")
     by_name = {flag.name: flag for flag in FLAGS}
     for name in SHARED_FLAGS:
-        _add_shared(shared, by_name[name])
+        text = EVAL_WORDING.get(name, by_name[name].help)
+        add_flag(shared, by_name[name], f"{text} [{shown_default(by_name[name])}]")
     return parser
-
-
-def _add_shared(section: argparse._ArgumentGroup, flag: Flag) -> None:
-    text = flag.help.replace("%", "%%")
-    if flag.kind is bool:
-        section.add_argument(
-            f"--{flag.name}",
-            action=argparse.BooleanOptionalAction,
-            default=argparse.SUPPRESS,
-            help=text,
-        )
-        return
-    section.add_argument(
-        f"--{flag.name}",
-        type=flag.kind,
-        choices=flag.choices() if callable(flag.choices) else flag.choices,
-        default=argparse.SUPPRESS,
-        metavar=flag.metavar,
-        nargs=flag.nargs,
-        help=text,
-    )
 
 
 def settings_from_args(argv: Sequence[str]) -> tuple[Any, dict[str, Any]]:
     """``lrft eval ...`` as :class:`~lrft.eval.EvalSettings` and the shared settings by name."""
-    from lrft.cli import build_parser
     from lrft.eval import EvalSettings
 
     argv = list(argv)
@@ -158,7 +160,7 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Any, dict[str, Any]]:
         # lrft train's guard: LightRFT's flags get their hints, and no value of a switch or of
         # an unknown flag is shown (it may be a secret)
         argv = ["eval", *translate(argv[1:], **_flag_names())]
-    args = vars(build_parser().parse_args(argv))
+    args = vars(command_parser(add_eval_parser).parse_args(argv))
     args.pop("command")
     own = {name: args.pop(name) for name in ("model", "dataset", "split", "greedy", "output")}
     n_samples = args.pop("n_samples")
@@ -173,29 +175,22 @@ def settings_from_args(argv: Sequence[str]) -> tuple[Any, dict[str, Any]]:
 
 def _flag_names() -> dict[str, Any]:
     """What :func:`lrft.cli.lightrft.translate` needs to know of ``lrft eval``'s flags."""
-    from lrft.backends import registry
-
-    shared = [flag for flag in FLAGS if flag.name in SHARED_FLAGS]
-    return {
-        "switches": {"greedy", *(f.name for f in shared if f.kind is bool)},
-        "valued": {*OWN_VALUED, *(f.name for f in shared if f.kind is not bool)},
-        "known_engines": set(registry.entries("rollout")),
-    }
+    names = translate_names(
+        (f for f in FLAGS if f.name in SHARED_FLAGS), registry.entries("rollout")
+    )
+    names["switches"].add("greedy")
+    names["valued"].update(OWN_VALUED)
+    return names
 
 
 def eval_main(argv: Sequence[str]) -> int:
     """``lrft eval``; returns the exit code (2 for a configuration error)."""
-    from lrft.cli import _single_process_env
-    from lrft.cli.bench import _free_port
     from lrft.eval import run_eval
 
     rank = os.environ.get("RANK", "0")
     try:
         settings, values = settings_from_args(argv)
-        if "RANK" not in os.environ:
-            # One process: any free port for its 1-rank group, so two runs can go side by side.
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        _single_process_env()
+        single_process_env(any_port=True)
         run_eval(settings, values)
     except ConfigError as error:
         print(redact(f"lrft eval: rank {rank}: configuration error: {error}"), file=sys.stderr)

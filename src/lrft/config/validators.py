@@ -29,14 +29,6 @@ from lrft.redaction import redact
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """What an environment variable's name may be (``remote_rm_auth_env`` holds names, not tokens)."""
 
-# The names the fields spell their shared rules with; each is the rule of lrft.api.validators
-# on its right (``positive`` is an integer's rule here, as in LightRFT's flags).
-positive = v.positive_int
-non_negative_int = v.non_negative_int
-positive_float = v.positive_number
-non_negative = v.non_negative
-dropout_probability = v.unit_interval_closed_open
-
 
 def every_n_or_never(_: object, attribute: attrs.Attribute[Any], value: int) -> None:
     if not v.is_int(value) or not (value == -1 or value > 0):

@@ -6,12 +6,15 @@ folders, checkpoints and resumes work, and read, alike. Errors name the value an
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import attrs
 
+from lrft.api import validators as v
 from lrft.api.errors import ConfigError
 from lrft.config import validators as f
+from lrft.config.flag_spec import flag, optional_int
 from lrft.rewards.judge_template import JUDGE_TEMPLATES, JudgeTemplate, load_judge_template
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -26,63 +29,136 @@ def _schedule(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
         raise ConfigError(f"{attribute.name} {value!r} is unknown; choose one of {LR_SCHEDULES}")
 
 
+class RMFlagGroup(enum.Enum):
+    """The sections of ``lrft train-rm --help``, in the order shown; the value is the title."""
+
+    MODEL_AND_DATA = "model and data"
+    JUDGE = "judge training (--generative)"
+    TRAINING = "training"
+    BACKEND = "train backend (FSDP2, DeepSpeed) and collectives"
+    OUTPUT = "outputs, checkpoints and evaluation"
+
+
+MODEL_AND_DATA = flag(RMFlagGroup.MODEL_AND_DATA)
+JUDGE = flag(RMFlagGroup.JUDGE)
+TRAINING = flag(RMFlagGroup.TRAINING)
+BACKEND = flag(RMFlagGroup.BACKEND)
+OUTPUT = flag(RMFlagGroup.OUTPUT)
+
+
 @attrs.frozen(kw_only=True)
 class RMTrainConfig:
-    """Everything ``lrft train-rm`` does; see ``lrft train-rm --help`` for each field."""
+    """Everything ``lrft train-rm`` does; each field's docstring is its flag's help."""
 
     # model and data ------------------------------------------------------------------------
-    pretrain: str | None = None
+    pretrain: str | None = attrs.field(default=None, metadata=MODEL_AND_DATA)
     """The model folder to start from: a causal LM (a scalar RM gets a new one-output score
     head; a judge trains as it is) or a reward model to train further. Unset: the built-in demo
     (a scalar RM on the demo model, from synthetic addition preferences)."""
-    dataset: str | None = None
+    dataset: str | None = attrs.field(default=None, metadata=MODEL_AND_DATA)
     """Training rows: a .jsonl/.json/.parquet file or a datasets folder."""
-    eval_dataset: str | None = None
-    max_samples: int | None = attrs.field(default=None, validator=f.optional_positive)
-    eval_max_samples: int | None = attrs.field(default=None, validator=f.optional_positive)
-    prompt_key: str = "prompt"
-    chosen_key: str = "chosen"
-    rejected_key: str = "rejected"
-    margin_key: str | None = None
-    """A column of per-pair margins: the loss asks ``r_chosen - r_rejected`` to exceed it."""
-    apply_chat_template: bool = False
-    """Scalar: format the prompt column with the tokenizer's chat template (as ``lrft train
-    --apply_chat_template`` does). Generative: wrap the judge prompt in the judge's chat template
-    (as ``lrft train --grm_apply_chat_template`` does)."""
-    input_template: str | None = None
-    max_len: int | None = attrs.field(default=None, validator=f.optional_positive)
+    eval_dataset: str | None = attrs.field(default=None, metadata=MODEL_AND_DATA)
+    """Held-out rows: loss and accuracy at every ``eval_steps`` and at the end."""
+    max_samples: int | None = attrs.field(
+        default=None, validator=f.optional_positive, metadata=MODEL_AND_DATA
+    )
+    """Read only the first N training rows."""
+    eval_max_samples: int | None = attrs.field(
+        default=None, validator=f.optional_positive, metadata=MODEL_AND_DATA
+    )
+    """Read only the first N held-out rows."""
+    prompt_key: str = attrs.field(default="prompt", metadata=MODEL_AND_DATA)
+    """The column holding the prompt."""
+    chosen_key: str = attrs.field(default="chosen", metadata=MODEL_AND_DATA)
+    """Scalar: the column holding the preferred response."""
+    rejected_key: str = attrs.field(default="rejected", metadata=MODEL_AND_DATA)
+    """Scalar: the column holding the other response."""
+    margin_key: str | None = attrs.field(default=None, metadata=MODEL_AND_DATA)
+    """Scalar: a column of per-pair margins: the loss asks r_chosen - r_rejected to exceed it."""
+    apply_chat_template: bool = attrs.field(default=False, metadata=MODEL_AND_DATA)
+    """Scalar: format the prompt column with the tokenizer's chat template (as lrft train
+    --apply_chat_template does). Generative: wrap the judge prompt in the judge's chat template
+    (as lrft train --grm_apply_chat_template does)."""
+    input_template: str | None = attrs.field(default=None, metadata=MODEL_AND_DATA)
+    """A template with one ``{}`` for the prompt text."""
+    max_len: int | None = attrs.field(
+        default=None, validator=f.optional_positive, metadata=MODEL_AND_DATA
+    )
     """Drop (and count) examples with more tokens; never truncates."""
     # judge training ------------------------------------------------------------------------
-    generative: bool = False
+    generative: bool = attrs.field(default=False, metadata=JUDGE)
     """Train a generative judge on (prompt, response, verdict) rows instead of a scalar RM."""
-    response_key: str = "response"
-    verdict_key: str = "verdict"
-    reference_key: str | None = None
-    grm_template: str = "pointwise-boxed"
-    """The judge template (a built-in name or a JSON/YAML file) the judge prompts are rendered
-    with; give ``lrft train`` the same one."""
+    response_key: str = attrs.field(default="response", metadata=JUDGE)
+    """The column holding the judged response."""
+    verdict_key: str = attrs.field(default="verdict", metadata=JUDGE)
+    """The column holding the judge's verdict text."""
+    reference_key: str | None = attrs.field(default=None, metadata=JUDGE)
+    """The column holding the reference answer, for templates that show it."""
+    grm_template: str = attrs.field(
+        default="pointwise-boxed", metadata=flag(RMFlagGroup.JUDGE, metavar="NAME|FILE")
+    )
+    """The judge template the judge prompts are rendered with: pointwise-boxed,
+    pointwise-score-tag, pairwise-boxed or a JSON/YAML file; give lrft train the same one."""
     # training ------------------------------------------------------------------------------
-    train_batch_size: int = attrs.field(default=32, validator=f.positive)
-    micro_train_batch_size: int = attrs.field(default=8, validator=f.positive)
-    max_epochs: int = attrs.field(default=1, validator=f.positive)
-    max_steps: int | None = attrs.field(default=None, validator=f.optional_positive)
-    learning_rate: float = attrs.field(default=1e-5, validator=f.positive_float)
-    lr_scheduler: str = attrs.field(default="constant", validator=_schedule)
-    lr_warmup_steps: int = attrs.field(default=0, validator=f.non_negative_int)
-    l2: float = attrs.field(default=0.0, validator=f.non_negative)
-    max_norm: float = attrs.field(default=1.0, validator=f.non_negative)
-    zero_stage: int | None = attrs.field(default=None, validator=f.zero_stage)
-    deepspeed_config: str | None = None
-    seed: int = 42
+    train_batch_size: int = attrs.field(default=32, validator=v.positive_int, metadata=TRAINING)
+    """Pairs (or judge examples) per optimizer step."""
+    micro_train_batch_size: int = attrs.field(
+        default=8, validator=v.positive_int, metadata=TRAINING
+    )
+    """Examples per forward on each rank."""
+    max_epochs: int = attrs.field(default=1, validator=v.positive_int, metadata=TRAINING)
+    """Passes over the training rows."""
+    max_steps: int | None = attrs.field(
+        default=None,
+        validator=f.optional_positive,
+        metadata=flag(RMFlagGroup.TRAINING, kind=optional_int),
+    )
+    """Stop after N optimizer steps (unset: ``max_epochs`` passes)."""
+    learning_rate: float = attrs.field(default=1e-5, validator=v.positive_number, metadata=TRAINING)
+    """AdamW's learning rate."""
+    lr_scheduler: str = attrs.field(
+        default="constant",
+        validator=_schedule,
+        metadata=flag(RMFlagGroup.TRAINING, choices=LR_SCHEDULES),
+    )
+    """The learning rate after the warm-up: constant, or linear / cosine decay to 0 at the last
+    step."""
+    lr_warmup_steps: int = attrs.field(default=0, validator=v.non_negative_int, metadata=TRAINING)
+    """Optimizer steps over which the learning rate rises linearly to its value."""
+    l2: float = attrs.field(default=0.0, validator=v.non_negative, metadata=TRAINING)
+    """AdamW's weight decay."""
+    max_norm: float = attrs.field(default=1.0, validator=v.non_negative, metadata=TRAINING)
+    """The gradient-norm clip (0: off)."""
+    zero_stage: int | None = attrs.field(
+        default=None,
+        validator=f.zero_stage,
+        metadata=flag(RMFlagGroup.BACKEND, kind=optional_int),
+    )
+    """Train with DeepSpeed ZeRO stage 1, 2 or 3 instead of FSDP2."""
+    deepspeed_config: str | None = attrs.field(default=None, metadata=BACKEND)
+    """A DeepSpeed JSON file merged into the generated config (needs ``zero_stage``)."""
+    seed: int = attrs.field(default=42, metadata=TRAINING)
+    """The seed of the shuffle and of a new score head."""
     # outputs -------------------------------------------------------------------------------
-    save_path: str = "./lrft_rm_output"
-    ckpt_path: str | None = None
-    save_steps: int = -1
-    max_ckpt_num: int = attrs.field(default=3, validator=f.positive)
-    load_checkpoint: bool = False
-    overwrite_output: bool = False
-    eval_steps: int = -1
-    collective_timeout_s: float = attrs.field(default=600.0, validator=f.positive_float)
+    save_path: str = attrs.field(default="./lrft_rm_output", metadata=OUTPUT)
+    """The output folder: metrics.jsonl, run.json, hf_model/."""
+    ckpt_path: str | None = attrs.field(default=None, metadata=OUTPUT)
+    """The checkpoint folder (unset: SAVE_PATH/checkpoints)."""
+    save_steps: int = attrs.field(default=-1, metadata=OUTPUT)
+    """Checkpoint every N steps (-1: never)."""
+    max_ckpt_num: int = attrs.field(default=3, validator=v.positive_int, metadata=OUTPUT)
+    """Checkpoints of this run kept (the oldest removed)."""
+    load_checkpoint: bool = attrs.field(default=False, metadata=OUTPUT)
+    """Resume from the newest checkpoint; its settings must match but for the run's length,
+    paths, checkpoint and evaluation settings."""
+    overwrite_output: bool = attrs.field(default=False, metadata=OUTPUT)
+    """Start a new run over another run's outputs, removing exactly those first."""
+    eval_steps: int = attrs.field(default=-1, metadata=OUTPUT)
+    """Evaluate every N steps (-1: at the start and the end only)."""
+    collective_timeout_s: float = attrs.field(
+        default=600.0, validator=v.positive_number, metadata=BACKEND
+    )
+    """Seconds a rank waits at a collective for the slowest rank before it fails."""
 
     def __attrs_post_init__(self) -> None:
         self._check_mode()

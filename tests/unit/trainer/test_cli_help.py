@@ -73,8 +73,8 @@ def _value(text: str, flag: Flag) -> object:
         return None
     if text == "none":
         return ()
-    if flag.nargs is not None:  # several values, shown comma-separated
-        return tuple(flag.kind(item) for item in text.split(","))
+    if flag.nargs is not None:  # several values, shown as they are typed: space-separated
+        return tuple(flag.kind(item) for item in text.split(" "))
     return flag.kind(text)
 
 
