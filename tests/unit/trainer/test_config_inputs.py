@@ -156,7 +156,7 @@ def test_a_hub_id_is_named_as_one_with_the_way_to_fetch_it(
     good: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, changes: dict[str, str], flag: str
 ) -> None:
     monkeypatch.chdir(tmp_path)  # no folder of that name here
-    base = {"pretrain": str(good), "prompt_data": str(good), "reward_fn": "math"}
+    base: dict[str, Any] = {"pretrain": str(good), "prompt_data": str(good), "reward_fn": "math"}
     (value,) = changes.values()
     with pytest.raises(ConfigError) as raised:
         TrainConfig(**(base | changes)).validate_inputs()
