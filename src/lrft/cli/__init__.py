@@ -27,7 +27,7 @@ from lrft.cli.bench import add_bench_parser, bench_main
 from lrft.cli.config_file import read_keys
 from lrft.cli.eval import add_eval_parser, eval_main
 from lrft.cli.flags import FLAGS, FlagGroup, add_grouped_flags, translate_names
-from lrft.cli.launch import single_process_env
+from lrft.cli.launch import SuggestingParser, single_process_env
 from lrft.cli.lightrft import translate
 from lrft.cli.train_rm import add_train_rm_parser, train_rm_main
 from lrft.config import TrainConfig
@@ -59,7 +59,7 @@ the config validator names the rule it breaks."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="lrft", description=DESCRIPTION)
+    parser = SuggestingParser(prog="lrft", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
         "train",

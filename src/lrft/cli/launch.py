@@ -4,15 +4,55 @@ environment of a one-rank process group when it runs outside torchrun."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
 import socket
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Collection
+from typing import Any, NoReturn
+
+_UNKNOWN = re.compile(r"unrecognized arguments: (.*)")
+
+
+def did_you_mean(flag: str, known: Collection[str]) -> str:
+    """``did you mean --x or --y?`` for the known flags closest to ``flag``; empty when none is
+    close (a typo's edit distance, not a guess at another setting)."""
+    close = difflib.get_close_matches(flag, sorted(known), n=3, cutoff=0.8)
+    return f"did you mean {' or '.join(close)}?" if close else ""
+
+
+class SuggestingParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose unknown-flag error names the closest flags it knows (the
+    argparse of Python 3.11 suggests nothing), over its own and its commands' flags."""
+
+    def error(self, message: str) -> NoReturn:
+        unknown = _UNKNOWN.match(message)
+        if unknown is not None:
+            known = sorted(self._known_flags())
+            hints = []
+            for token in unknown.group(1).split():
+                name = token.split("=", 1)[0]
+                if not name.startswith("--"):
+                    continue
+                hint = did_you_mean(name, known)
+                if hint:
+                    hints.append(f"{name}: {hint}")
+            if hints:
+                message = f"{message} ({'; '.join(hints)})"
+        super().error(message)
+
+    def _known_flags(self) -> set[str]:
+        flags = {flag for flag in self._option_string_actions if flag.startswith("--")}
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for command in action.choices.values():
+                    flags |= {flag for flag in command._option_string_actions if flag[:2] == "--"}
+        return flags
 
 
 def command_parser(add: Callable[[Any], argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """An ``lrft`` parser with the one command that ``add`` adds to the sub-command parsers."""
-    parser = argparse.ArgumentParser(prog="lrft")
+    parser = SuggestingParser(prog="lrft")
     add(parser.add_subparsers(dest="command", required=True))
     return parser
 

@@ -17,6 +17,7 @@ from collections.abc import Collection, Sequence
 import attrs
 
 from lrft.api.errors import ConfigError
+from lrft.cli.launch import did_you_mean
 
 
 @attrs.frozen(kw_only=True)
@@ -196,8 +197,13 @@ def translate(
         unknown.append(f"--{name}")
         index += _skip_value(token, following)
     if unknown:
+        flags = [f"--{name}" for name in (*valued, *switches)]
+        named = [
+            flag if not (hint := did_you_mean(flag, flags)) else f"{flag} ({hint})"
+            for flag in unknown
+        ]
         problems.append(
-            f"unknown flag{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} (values not "
+            f"unknown flag{'s' if len(unknown) > 1 else ''} {', '.join(named)} (values not "
             "shown; `lrft train --help` lists every flag)"
         )
     if problems:
