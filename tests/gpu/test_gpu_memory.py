@@ -1,11 +1,10 @@
 """Device memory is really released, through the shipped memory suites
 (``lrft.testing.conformance.memory``): hf engine sleep levels 1 and 2, FSDP2 offload of
 parameters and optimizer state, FSDP2's gather of full weights (at most a few buckets, nothing
-after, exact), on one GPU and on a 2-GPU NCCL pool. ``test_gpu_memory_teeth.py`` shows the suites fail an
+after, exact), on a 2-GPU NCCL pool. ``test_gpu_memory_teeth.py`` shows the suites fail an
 engine whose sleep and a backend whose offload keep the memory.
 
-Each class is skipped with a reason where fewer CUDA devices are visible than its world (CI has
-none).
+Skipped with a reason where fewer than two CUDA devices are visible (CI has none).
 """
 
 from __future__ import annotations
@@ -29,10 +28,6 @@ class HFEngineMemorySuite(EngineMemorySuite[HFRolloutEngine]):
         return cls.engine_class.from_pretrained(model_dir, config=config)
 
 
-class TestHFEngineMemoryCudaWorld1(HFEngineMemorySuite):
-    world_size = 1
-
-
 class TestHFEngineMemoryCudaWorld2(HFEngineMemorySuite):
     world_size = 2
 
@@ -41,10 +36,6 @@ class FSDP2MemorySuite(TrainMemorySuite[FSDP2Backend]):
     @classmethod
     def make_backend(cls) -> FSDP2Backend:
         return FSDP2Backend(FSDP2Config())
-
-
-class TestFSDP2MemoryCudaWorld1(FSDP2MemorySuite):
-    world_size = 1
 
 
 class TestFSDP2MemoryCudaWorld2(FSDP2MemorySuite):

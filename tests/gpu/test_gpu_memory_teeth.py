@@ -138,9 +138,3 @@ class TestMemorySuitesTeethCudaWorld2(DistributedSuite):
             match=r"offload\(\[parameters, optimizer\]\) freed -?\d+\.\d MiB of the \d+\.\d MiB",
         ):
             OffloadsInNameOnlySuite().test_offload_frees_parameters_and_optimizer(pool)
-
-
-class TestMemorySuitesTeethCudaWorld1(TestMemorySuitesTeethCudaWorld2):
-    """The same teeth on one GPU, where the one-GPU machine runs them."""
-
-    world_size = 1
