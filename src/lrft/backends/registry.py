@@ -104,3 +104,4 @@ register("train", "deepspeed", "lrft.backends.train.deepspeed:DeepSpeedBackend",
 register("rollout", "hf", "lrft.backends.rollout.hf:HFRolloutEngine")
 register("rollout", "vllm", "lrft.backends.rollout.vllm:VLLMRolloutEngine", extra="vllm")
 register("sync", "direct", "lrft.backends.sync.direct:DirectSync")
+register("sync", "broadcast", "lrft.backends.sync.broadcast:BroadcastSync")
