@@ -402,9 +402,10 @@ class SplitWeightSync(WeightSync, Protocol):
 
     ``sync`` is collective over the whole job: trainer ranks pass ``(source, None)``, rollout
     ranks ``(None, engine)``, all with the same ``version``. Every ``WeightSync`` rule holds for
-    each rollout rank's engine (verification, a failed sync leaves it stale), and every rank
-    raises if any rollout rank failed or serves another version than ``version``, so no side
-    goes on believing the other holds weights it does not.
+    each rollout rank's engine (verification, a failed sync leaves it stale, and the rank
+    raises); every trainer rank raises if any rollout rank failed or serves another version
+    than ``version``, naming it, so the trainer never goes on believing an engine holds weights
+    it does not.
     """
 
     def sync(
