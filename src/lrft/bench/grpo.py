@@ -125,6 +125,7 @@ def run_grpo(
     device = trainer.device
     forced = None
     if spec.ragged is not None:
+        assert trainer.maker.engine is not None, "the benchmark runs colocated"
         forced = ForcedLengths(trainer.maker.engine, spec.ragged)
         trainer.maker.engine = forced
     trainer.colocation.sync(version=trainer.step)  # as fit() does before the first step

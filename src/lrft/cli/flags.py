@@ -22,7 +22,7 @@ from lrft.config import (
     TrainConfig,
     supported_estimators,
 )
-from lrft.config.validators import ATTENTION_KERNELS, LR_SCHEDULERS
+from lrft.config.validators import ATTENTION_KERNELS, LR_SCHEDULERS, PLACEMENTS
 from lrft.demos import DEMO_CRITIC_SETTINGS, DEMO_LORA_SETTINGS, DEMO_SETTINGS
 from lrft.demos.vision.settings import VISION_DEMO_SETTINGS
 from lrft.rewards.judge_template import JUDGE_TEMPLATES
@@ -393,6 +393,31 @@ FLAGS: tuple[Flag, ...] = (
         kind=bool,
         help="sleep the engine outside rollouts and keep the reference and reward models offloaded outside their passes",
     ),
+    # split placement and asynchronous training (docs/async.md) --------------------------------
+    Flag(
+        name="placement",
+        group=FlagGroup.ENGINE,
+        kind=str,
+        choices=PLACEMENTS,
+        help="colocated: every rank trains its shard and holds an engine, taking turns; split: the "
+        "last --rollout_world_size ranks generate and score, the others train (needs "
+        "--weight_sync broadcast; docs/async.md)",
+    ),
+    Flag(
+        name="rollout_world_size",
+        group=FlagGroup.ENGINE,
+        kind=int,
+        help="with --placement split: how many ranks (the last ones) roll out, in TP groups of "
+        "--engine_tp_size",
+    ),
+    Flag(
+        name="max_staleness",
+        group=FlagGroup.ENGINE,
+        kind=int,
+        help="with --placement split: K, the most weight versions a trained sample may lag the "
+        "trainer; 0 (unset): synchronous; K >= 1: the rollout ranks generate up to K batches "
+        "ahead, corrected by --use_tis (then on by default, and required)",
+    ),
     Flag(
         name="environment",
         group=FlagGroup.ROLLOUT,
@@ -593,6 +618,7 @@ FLAGS: tuple[Flag, ...] = (
         kind=bool,
         help="truncated importance sampling: weight each token's loss by min(exp(old - engine "
         "logprob), --tis_cap), with the engine's own logprobs of the rollout",
+        computed_default="on with --max_staleness >= 1, else off",
     ),
     Flag(
         name="tis_cap",
@@ -956,7 +982,8 @@ FLAGS: tuple[Flag, ...] = (
         group=FlagGroup.BACKEND,
         kind=str,
         choices=lambda: tuple(registry.entries("sync")),
-        help="the weight sync by registered name: direct, or one an installed package registers "
+        help="the weight sync by registered name: direct (colocated), broadcast (to the rollout "
+        "ranks of --placement split, over gloo or NCCL), or one an installed package registers "
         "(entry-point group lrft.weight_syncs)",
     ),
     Flag(

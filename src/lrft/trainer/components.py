@@ -9,14 +9,16 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from lrft.api.errors import ConfigError
 from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec
 from lrft.api.protocols import RolloutEngine, TrainBackend, WeightSync
 from lrft.backends import registry
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
+from lrft.backends.sync.broadcast import BroadcastSync
 from lrft.backends.sync.direct import DEFAULT_BUCKET_BYTES, DirectSync
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
 from lrft.config import TrainConfig
-from lrft.dist import RankInfo
+from lrft.dist import RankInfo, SplitGroups
 from lrft.trainer.plugins import plugin_engine, plugin_sync, plugin_train_backend
 
 if TYPE_CHECKING:
@@ -94,10 +96,18 @@ def rollout_engine(pretrain: str, config: TrainConfig, info: RankInfo) -> Rollou
     return plugin_engine(config.engine_type, spec)
 
 
-def weight_sync(config: TrainConfig) -> WeightSync:
-    """The ``weight_sync`` sync: lrft's ``direct``, or a registered package's."""
+def weight_sync(config: TrainConfig, groups: SplitGroups | None = None) -> WeightSync:
+    """The ``weight_sync`` sync: lrft's ``direct``, its ``broadcast`` (over the span groups of
+    a split placement, ``groups``), or a registered package's."""
     if config.weight_sync == "direct":
         return DirectSync()
+    if config.weight_sync == "broadcast":
+        if groups is None:
+            raise ConfigError(
+                "weight_sync 'broadcast' sends to the rollout ranks of a split placement: it "
+                "needs --placement split"
+            )
+        return BroadcastSync(groups=groups)
     return plugin_sync(config.weight_sync, WeightSyncSpec(bucket_bytes=DEFAULT_BUCKET_BYTES))
 
 
