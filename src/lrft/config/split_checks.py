@@ -71,8 +71,7 @@ def validate_split_world(config: TrainFields, world_size: int) -> tuple[int, int
         if config.rollout_batch_size % ranks:
             raise ConfigError(
                 f"rollout_batch_size {config.rollout_batch_size} is not divisible by the "
-                f"{ranks} {who} ranks (world size {world_size} - rollout_world_size "
-                f"{config.rollout_world_size} trainer ranks): each {who} rank takes an equal "
-                "share of the prompts"
+                f"{ranks} {who} ranks (world size {world_size}: {trainers} trainer ranks, "
+                f"{rollouts} rollout ranks): each {who} rank takes an equal share of the prompts"
             )
     return trainers, rollouts
