@@ -6,46 +6,17 @@ unverified at world 2."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
-
-import torch
-
-from lrft.api import RolloutEngine, TrainableModel
-from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync.broadcast import BroadcastSync
-from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
 from lrft.dist import SplitGroups
 from lrft.testing.conformance.split_sync import SplitWeightSyncSuite
 from lrft.testing.lora import LoraSyncModels
-from tests.conformance.test_direct_sync import fsdp2_full
+from tests.conformance.test_direct_sync import FSDP2IntoHF
 
 
-class BroadcastSyncSuite(SplitWeightSyncSuite[BroadcastSync]):
+class BroadcastSyncSuite(FSDP2IntoHF, SplitWeightSyncSuite[BroadcastSync]):
     @classmethod
     def make_split_sync(cls, groups: SplitGroups, bucket_bytes: int) -> BroadcastSync:
         return BroadcastSync(groups=groups, bucket_bytes=bucket_bytes)
-
-    @classmethod
-    def make_train_backend(cls) -> FSDP2Backend:
-        return FSDP2Backend(FSDP2Config(mixed_precision=False))
-
-    @classmethod
-    def make_engine(
-        cls, model_dir: Path, dtype: torch.dtype, device: torch.device
-    ) -> HFRolloutEngine:
-        return HFRolloutEngine.from_pretrained(
-            model_dir, config=HFEngineConfig(device=device, dtype=dtype)
-        )
-
-    @classmethod
-    def read_engine_weights(cls, engine: RolloutEngine) -> Mapping[str, torch.Tensor]:
-        assert isinstance(engine, HFRolloutEngine)
-        return dict(engine.model.named_parameters())
-
-    @classmethod
-    def source_parameters(cls, source: TrainableModel) -> Mapping[str, torch.Tensor]:
-        return {name: fsdp2_full(p) for name, p in source.module.named_parameters()}
 
 
 class TestBroadcastSyncOneTrainerOneRollout(BroadcastSyncSuite):

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.fixtures import REWARD_FLAG, base_args, make_model_folder, make_prompt_files
-from tests.trainer.test_torchrun import _env, _kill_job
+from tests.trainer.test_torchrun import _env, output_of_stopped_job
 
 ACCEPTANCE = [
     "train",
@@ -95,21 +95,11 @@ def test_a_stopped_rollout_rank_is_named_with_its_role_and_phase(
     args[args.index(REWARD_FLAG)] = (
         "--reward_fn=tests.trainer.fixtures:digit_fraction_but_rank1_stops"
     )
-    process = subprocess.Popen(
+    code, output = output_of_stopped_job(
         _command([*args, *ACCEPTANCE[1:], "--max_steps=4", "--collective_timeout_s=10"]),
         # the rollout rank scores 16 samples a batch: the 17th is batch 2's first
-        env=_env(LRFT_TEST_STOP_RANK="2", LRFT_TEST_STOP_AT="17"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+        _env(LRFT_TEST_STOP_RANK="2", LRFT_TEST_STOP_AT="17"),
     )
-    try:
-        stdout, stderr = process.communicate(timeout=240)
-    finally:
-        _kill_job(process.pid)  # SIGKILL reaches a stopped rank; SIGTERM would wait for SIGCONT
-        process.wait(timeout=60)
-    output = stdout + stderr
     failure = re.search(
         r"lrft: rank 0 \(train\): a collective did not complete within 10 s "
         r"\(--collective_timeout_s\) in phase '(\w+)' of step (\d+); .*rank 2 \(rollout\) last "
@@ -117,4 +107,5 @@ def test_a_stopped_rollout_rank_is_named_with_its_role_and_phase(
         output,
     )
     assert failure is not None, output[-4000:]
+    assert code == 1  # torchrun's, for any failed worker; its summary keeps lrft's code 3
     assert re.search(r"exitcode\s+: 3 ", output), output[-3000:]

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
+import attrs
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -56,39 +57,25 @@ def _scatter(value: list[object] | None) -> object:
     return out[0]
 
 
+@attrs.define(kw_only=True, eq=False)
 class AsyncRollout:
     """Batches from the rollout ranks; see the module docstring. ``total``: the run's last
-    iteration; ``eval_every``: ``eval_steps``; ``evaluates``: whether there are held-out
-    prompts."""
+    iteration; ``eval_every``: ``eval_steps``; ``eval_size``: how many held-out prompts there
+    are (0: none); ``version``: the version of the trainer's weights the rollout ranks hold now
+    (synced last)."""
 
-    def __init__(
-        self,
-        *,
-        groups: SplitGroups,
-        colocation: Colocation,
-        maker: ExperienceMaker,
-        data: PromptDataset,
-        eval_size: int,
-        sampler: DistributedPromptSampler,
-        n: int,
-        max_staleness: int,
-        total: int,
-        eval_every: int,
-        watch: PhaseWatch,
-    ) -> None:
-        self.groups = groups
-        self.colocation = colocation
-        self.maker = maker
-        self.data = data
-        self.eval_size = eval_size
-        self.sampler = sampler
-        self.n = n
-        self.max_staleness = max_staleness
-        self.total = total
-        self.eval_every = eval_every
-        self.watch = watch
-        self.version = 0
-        """The version of the trainer's weights the rollout ranks hold now (synced last)."""
+    groups: SplitGroups
+    colocation: Colocation
+    maker: ExperienceMaker
+    data: PromptDataset
+    eval_size: int
+    sampler: DistributedPromptSampler
+    n: int
+    max_staleness: int
+    total: int
+    eval_every: int
+    watch: PhaseWatch
+    version: int = 0
 
     @property
     def _train_ranks(self) -> int:

@@ -37,6 +37,7 @@ from lrft.api.errors import WeightSyncError
 from lrft.api.protocols import RolloutEngine, WeightLoader, WeightSource
 from lrft.api.types import EnginePart, SyncReport, TensorSpec, WeightsResidency
 from lrft.backends.sync._broadcast_wire import BucketHeader, Received, StreamEnd, pack, unpack
+from lrft.backends.sync._stream import verify_digests
 from lrft.backends.sync.direct import DEFAULT_BUCKET_BYTES
 from lrft.dist.collectives import broadcast_object
 from lrft.dist.span import SpanGroup
@@ -347,14 +348,4 @@ class BroadcastSync:
             )
         if message.digests is not None:
             taken.held = engine.weights_digest()
-            _compare(message.digests, taken.held)
-
-
-def _compare(sent: dict[str, str], held: dict[str, str]) -> None:
-    wrong = sorted(name for name, digest in sent.items() if held.get(name) != digest)
-    if wrong:
-        first = wrong[0]
-        raise WeightSyncError(
-            f"{len(wrong)} weight(s) differ in the engine from what was sent, e.g. {first!r}: "
-            f"sent {sent[first]}, engine holds {held.get(first)}"
-        )
+            verify_digests(message.digests, taken.held)
