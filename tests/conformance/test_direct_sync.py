@@ -18,10 +18,9 @@ from lrft.testing.conformance.sync import WeightSyncSuite
 from lrft.testing.lora import LoraSyncModels
 
 
-class DirectSyncSuite(WeightSyncSuite[DirectSync]):
-    @classmethod
-    def make_sync(cls, bucket_bytes: int) -> DirectSync:
-        return DirectSync(bucket_bytes=bucket_bytes)
+class FSDP2IntoHF:
+    """The hooks of a sync suite from the fsdp2 backend into hf engines (also the broadcast
+    sync's, ``test_broadcast_sync.py``)."""
 
     @classmethod
     def make_train_backend(cls) -> FSDP2Backend:
@@ -42,6 +41,12 @@ class DirectSyncSuite(WeightSyncSuite[DirectSync]):
     @classmethod
     def source_parameters(cls, source: TrainableModel) -> Mapping[str, torch.Tensor]:
         return {name: fsdp2_full(p) for name, p in source.module.named_parameters()}
+
+
+class DirectSyncSuite(FSDP2IntoHF, WeightSyncSuite[DirectSync]):
+    @classmethod
+    def make_sync(cls, bucket_bytes: int) -> DirectSync:
+        return DirectSync(bucket_bytes=bucket_bytes)
 
 
 @torch.no_grad()

@@ -116,14 +116,15 @@ _scored = 0
 
 
 def digit_fraction_but_rank1_stops(sample: object) -> float:
-    """``digit_fraction``; rank 1 stops itself (SIGSTOP, as ``kill -STOP`` would) on its
-    ``LRFT_TEST_STOP_AT``-th sample: with ``base_args`` and no held-out data a rank scores 8
-    samples per step, so 9 stops it in step 2's rewards phase."""
+    """``digit_fraction``; rank 1 (or ``LRFT_TEST_STOP_RANK``) stops itself (SIGSTOP, as ``kill
+    -STOP`` would) on its ``LRFT_TEST_STOP_AT``-th sample: with ``base_args`` and no held-out
+    data a rank scores 8 samples per step, so 9 stops it in step 2's rewards phase."""
     import os
     import signal
 
     global _scored
     _scored += 1
-    if os.environ.get("RANK") == "1" and _scored == int(os.environ["LRFT_TEST_STOP_AT"]):
+    stops = os.environ.get("RANK") == os.environ.get("LRFT_TEST_STOP_RANK", "1")
+    if stops and _scored == int(os.environ["LRFT_TEST_STOP_AT"]):
         os.kill(os.getpid(), signal.SIGSTOP)
     return digit_fraction(sample)

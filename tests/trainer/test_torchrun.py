@@ -84,6 +84,27 @@ def _kill_job(pid: int) -> None:
             os.kill(victim, signal.SIGKILL)
 
 
+def output_of_stopped_job(command: list[str], env: dict[str, str]) -> tuple[int | None, str]:
+    """The exit code and the stdout and stderr of a job that one of its ranks stops (SIGSTOP),
+    once it failed; every process of it is then killed (SIGKILL reaches a stopped rank; SIGTERM
+    would wait for SIGCONT)."""
+    process = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=240)
+        code = process.returncode
+    finally:
+        _kill_job(process.pid)
+        process.wait(timeout=60)
+    return code, stdout + stderr
+
+
 def test_sigkill_after_checkpoint_then_resume_is_bit_identical(
     inputs: tuple[Path, Path, Path], tmp_path: Path
 ) -> None:

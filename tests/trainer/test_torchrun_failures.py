@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.trainer.fixtures import REWARD_FLAG, base_args, make_model_folder, make_prompt_files
-from tests.trainer.test_torchrun import ROOT, _command, _kill_job
+from tests.trainer.test_torchrun import ROOT, _command, output_of_stopped_job
 from tests.trainer.wandb_offline import OFFLINE_ENV, offline_runs
 from tests.unit.rewards.test_remote import ScriptedServer, length_scores
 
@@ -58,20 +58,10 @@ def test_a_rank_stopped_by_sigstop_is_named_with_its_phase_and_step(
         "--reward_fn=tests.trainer.fixtures:digit_fraction_but_rank1_stops"
     )
     timeout = 10.0
-    process = subprocess.Popen(
+    code, output = output_of_stopped_job(
         _command([*args, "--max_steps=3", f"--collective_timeout_s={timeout}"]),
-        env=_env(LRFT_TEST_STOP_AT="9"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+        _env(LRFT_TEST_STOP_AT="9"),
     )
-    try:
-        stdout, stderr = process.communicate(timeout=240)
-    finally:
-        _kill_job(process.pid)  # SIGKILL reaches a stopped rank; SIGTERM would wait for SIGCONT
-        process.wait(timeout=60)
-    output = stdout + stderr
     # while rank 0 waits: one line as soon as rank 1 has been silent for timeout / 2
     stall = re.search(
         r"lrft: rank 0: rank 1 has not been heard from for (\d+) s \(its last report: phase "
@@ -93,7 +83,7 @@ def test_a_rank_stopped_by_sigstop_is_named_with_its_phase_and_step(
     assert int(failure.group(2)) >= timeout - 1
     assert not LRFT_FRAME.search(output)  # no rank printed a traceback (torchrun prints its own)
     # torchrun exits 1 for any failed worker; its summary keeps lrft's code and line
-    assert process.returncode == 1
+    assert code == 1
     assert re.search(r"exitcode\s+: 3 ", output), output[-3000:]
     assert re.search(r"traceback : lrft: rank 0: a collective did not complete", output)
 

@@ -70,10 +70,13 @@ class TrainBackendSpec:
 @attrs.frozen(kw_only=True)
 class WeightSyncSpec:
     """A weight sync: ``bucket_bytes`` bounds one bucket of gathered weights; ``verify`` asks
-    for the engine's digest to be compared with the trainer's after each sync."""
+    for the engine's digest to be compared with the trainer's after each sync; ``options``: the
+    sync's own settings by name (the ``broadcast`` sync's process groups, ``groups``, under a
+    split placement)."""
 
     bucket_bytes: int = attrs.field(validator=v.positive_int)
     verify: bool = True
+    options: Mapping[str, Any] = attrs.field(factory=dict, converter=v.read_only, hash=False)
 
 
 def read_options(

@@ -393,3 +393,27 @@ class WeightSync(Protocol):
     def capabilities(self) -> SyncCapabilities: ...
 
     def sync(self, source: WeightSource, engine: RolloutEngine, *, version: int) -> SyncReport: ...
+
+
+@runtime_checkable
+class SplitWeightSync(WeightSync, Protocol):
+    """A ``WeightSync`` between the two roles of a split placement (``lrft.dist.SplitLayout``):
+    the trainer ranks hold the source and no engine, the rollout ranks an engine and no source.
+
+    ``sync`` is collective over the whole job: trainer ranks pass ``(source, None)``, rollout
+    ranks ``(None, engine)``, all with the same ``version``. Every ``WeightSync`` rule holds for
+    each rollout rank's engine (verification, a failed sync leaves it stale, and the rank
+    raises); every trainer rank raises if any rollout rank failed or serves another version
+    than ``version``, naming it, so the trainer never goes on believing an engine holds weights
+    it does not.
+    """
+
+    def sync(
+        self, source: WeightSource | None, engine: RolloutEngine | None, *, version: int
+    ) -> SyncReport: ...
+
+    def serving(self, engine: RolloutEngine) -> AbstractContextManager[None]:
+        """Held around each generation on ``engine`` that may overlap a sync (another thread of
+        the rollout rank): a sync waits for the block to end before it writes any weight, and the
+        block waits for a sync in progress, so a generation never reads half-written weights."""
+        ...

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import attrs
 
+from lrft.api.errors import ConfigError
 from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec, read_options
 from lrft.api.protocols import RolloutEngine, TrainBackend, WeightSync
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.backends.sync.direct import DirectSync
 from lrft.backends.train._deepspeed_config import DeepSpeedConfig
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
+from lrft.dist import SplitGroups
 
 # The options' values are checked by the engines' own configs, which they are handed to.
 
@@ -77,3 +79,21 @@ def deepspeed(spec: TrainBackendSpec) -> TrainBackend:
 
 def direct(spec: WeightSyncSpec) -> WeightSync:
     return DirectSync(bucket_bytes=spec.bucket_bytes, verify=spec.verify)
+
+
+@attrs.frozen(kw_only=True)
+class _BroadcastOptions:
+    groups: SplitGroups | None = None
+
+
+def broadcast(spec: WeightSyncSpec) -> WeightSync:
+    """The broadcast sync over a split placement's span groups (its ``groups`` option)."""
+    options = read_options(_BroadcastOptions, spec.options, backend="sync backend 'broadcast'")
+    if options.groups is None:
+        raise ConfigError(
+            "weight_sync 'broadcast' sends to the rollout ranks of a split placement: it needs "
+            "--placement split"
+        )
+    from lrft.backends.sync.broadcast import BroadcastSync
+
+    return BroadcastSync(groups=options.groups, bucket_bytes=spec.bucket_bytes, verify=spec.verify)

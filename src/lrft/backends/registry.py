@@ -284,3 +284,9 @@ register(
     engine=EngineFacts(max_tp=None, reserves_memory=True),
 )
 register("sync", "direct", "lrft.backends.sync.direct:DirectSync", builder=f"{_BUILDERS}:direct")
+register(
+    "sync",
+    "broadcast",
+    "lrft.backends.sync.broadcast:BroadcastSync",
+    builder=f"{_BUILDERS}:broadcast",
+)

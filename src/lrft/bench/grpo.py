@@ -126,11 +126,13 @@ def run_grpo(
             "benchmark tokenizer (or processor) does not round-trip with this transformers version"
         )
     device = trainer.device
-    decode_path = getattr(trainer.maker.engine, "decode_path", None)  # the hf engine's
+    engine = trainer.maker.engine
+    assert engine is not None, "the benchmark runs colocated: every rank holds an engine"
+    decode_path = getattr(engine, "decode_path", None)  # the hf engine's
     recorded = draw = None
     if spec.ragged is not None:
         draw = _end_draw(trainer, spec, workload, expected)
-        recorded = RecordedLengths(trainer.maker.engine)
+        recorded = RecordedLengths(engine)
         trainer.maker.engine = recorded
     trainer.colocation.sync(version=trainer.step)  # as fit() does before the first step
     records = []
@@ -146,7 +148,7 @@ def run_grpo(
     summary = _summary(
         workload, spec, config, trainer.world_size, records, steady_from, matmul_tflops
     )
-    summary["engine"] = {"name": trainer.maker.engine.name, "decode_path": decode_path}
+    summary["engine"] = {"name": engine.name, "decode_path": decode_path}
     if recorded is not None and draw is not None:
         summary["ragged"] = _ragged(
             trainer, draw, recorded, steady_window(calls, steady_from), summary
@@ -159,11 +161,12 @@ def _end_draw(
 ) -> EndDraw:
     """The ragged ends, hooked into the engine's model (see :mod:`lrft.bench.ragged`)."""
     assert spec.ragged is not None
-    model = getattr(trainer.maker.engine, "model", None)
-    if not isinstance(model, torch.nn.Module):
+    engine = trainer.maker.engine
+    model = getattr(engine, "model", None)
+    if engine is None or not isinstance(model, torch.nn.Module):
         raise ConfigError(
-            f"grpo.ragged ends responses inside the engine's model: engine "
-            f"{trainer.maker.engine.name!r} exposes none (use the hf engine)"
+            "grpo.ragged ends responses inside the engine's model: engine "
+            f"{getattr(engine, 'name', None)!r} exposes none (use the hf engine)"
         )
     stops = trainer.maker.sampling.stop_token_ids
     if not stops:

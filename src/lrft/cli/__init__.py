@@ -183,10 +183,10 @@ def _train_main(argv: list[str]) -> int:
     if not library_bars_allowed(rank=int(rank), requested=config.progress_bar, stream=sys.stderr):
         silence_library_bars()  # before any model, dataset or engine is loaded
     from lrft.demos.apply import apply_demo_or_preset
-    from lrft.trainer.build import build_trainer
+    from lrft.trainer.split_build import build_job
 
     try:
-        trainer = build_trainer(apply_demo_or_preset(config, int(rank)))
+        trainer = build_job(apply_demo_or_preset(config, int(rank)))
         result = trainer.fit()
     except ConfigError as error:
         _fail(f"lrft: rank {rank}: configuration error: {error}")

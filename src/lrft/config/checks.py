@@ -19,6 +19,7 @@ from lrft.algo import PolicyLossConfig, PolicyLossInputs, advantage_estimators, 
 from lrft.api.errors import ConfigError
 from lrft.backends import registry
 from lrft.config.fields import TrainFields
+from lrft.config.split_checks import validate_split_world
 from lrft.extras import (
     LORA_EXTRA,
     VLLM_EXTRA,
@@ -397,7 +398,12 @@ def _engines(declaring: Callable[[registry.EngineFacts], bool]) -> str:
 
 def validate_world(config: TrainFields, world_size: int) -> None:
     """See :meth:`lrft.config.TrainConfig.validate_world`."""
-    if world_size % config.engine_tp_size:
+    ranks = "world size"
+    if config.placement == "split":
+        # the engines' ranks are checked there; the batch rules below are the trainer ranks'
+        world_size, _ = validate_split_world(config, world_size)
+        ranks = "trainer ranks"
+    elif world_size % config.engine_tp_size:
         raise ConfigError(
             f"world size {world_size} is not divisible by engine_tp_size "
             f"{config.engine_tp_size} (world_size % engine_tp_size must be 0)"
@@ -410,7 +416,7 @@ def validate_world(config: TrainFields, world_size: int) -> None:
     per_rank = config.train_batch_size // world_size
     if config.train_batch_size % world_size or per_rank % config.micro_train_batch_size:
         raise ConfigError(
-            f"train_batch_size {config.train_batch_size} must equal world size {world_size} x "
+            f"train_batch_size {config.train_batch_size} must equal {ranks} {world_size} x "
             f"micro_train_batch_size {config.micro_train_batch_size} x an integer (gradient "
             f"accumulation steps)"
         )

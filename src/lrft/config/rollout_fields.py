@@ -27,6 +27,7 @@ from lrft.config.flag_spec import (
     ROLLOUT,
     FlagGroup,
     flag,
+    optional_int,
 )
 from lrft.data.images import DEFAULT_MAX_IMAGE_PIXELS
 from lrft.rewards.remote_protocols import PROTOCOLS
@@ -259,6 +260,33 @@ class RolloutFields:
     enable_engine_sleep: bool = attrs.field(default=False, metadata=ENGINE)
     """Sleep the engine outside rollouts, and keep the reference and reward models offloaded
     outside their passes."""
+    # split placement and asynchronous training (lrft.dist.SplitLayout, docs/async.md) -------
+    placement: str = attrs.field(
+        default="colocated",
+        validator=f.placement,
+        metadata=flag(FlagGroup.ENGINE, choices=f.PLACEMENTS),
+    )
+    """colocated: every rank trains its shard and holds an engine, the phases taking turns.
+    split: the first world - ``rollout_world_size`` ranks train and hold no engine, the last
+    ``rollout_world_size`` generate and score and hold no optimizer state; weights travel with
+    ``weight_sync`` broadcast."""
+    rollout_world_size: int | None = attrs.field(
+        default=None,
+        validator=f.optional_positive,
+        metadata=flag(FlagGroup.ENGINE, kind=optional_int),
+    )
+    """With ``placement`` split: how many ranks (the last ones) roll out, in TP groups of
+    ``engine_tp_size``."""
+    max_staleness: int | None = attrs.field(
+        default=None,
+        validator=f.optional_non_negative_int,
+        metadata=flag(FlagGroup.ENGINE, kind=optional_int),
+    )
+    """With ``placement`` split: K, how many weight versions a trained sample may lag the
+    trainer. 0 (unset) is synchronous: the rollout ranks wait for each step's weights. K >= 1
+    lets them generate up to K batches ahead while the trainer trains, and the policy loss
+    corrects with truncated importance sampling against their logprobs (``use_tis``: on by
+    default, and required)."""
     # multi-turn episodes (lrft.agents) -------------------------------------------------------
     environment: str | None = attrs.field(default=None, validator=f.environment, metadata=ROLLOUT)
     """Roll out multi-turn episodes in this registered environment (tool_calls: the model calls

@@ -33,7 +33,7 @@ from lrft.api.episodes import EpisodeBudget
 from lrft.api.errors import ConfigError
 from lrft.api.optim import OptimizerConfig, ScheduleKind, SchedulerConfig
 from lrft.backends.train.lora import LoraSettings
-from lrft.config import checks, episodes, inputs, knobs, media_checks
+from lrft.config import checks, episodes, inputs, knobs, media_checks, split_checks
 from lrft.config.fields import TrainFields
 
 DEFAULT_GAMMA = 1.0
@@ -72,6 +72,7 @@ class TrainConfig(TrainFields):
         knobs.check_knob_settings(self)
         episodes.check_episode_settings(self)
         media_checks.check_media_settings(self)
+        split_checks.check_split_settings(self)
 
     def validate_world(self, world_size: int) -> None:
         """The rules that depend on the number of ranks; raises ``ConfigError`` naming each."""
@@ -133,6 +134,11 @@ class TrainConfig(TrainFields):
             return None
         path = self.ckpt_path.rstrip("/")
         return path if knobs.CHECKPOINT_NAME.fullmatch(os.path.basename(path)) else None
+
+    @property
+    def staleness_bound(self) -> int:
+        """K: how many versions a trained sample may lag the trainer (0: synchronous)."""
+        return self.max_staleness or 0
 
     @property
     def samples_per_rollout(self) -> int:

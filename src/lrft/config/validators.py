@@ -354,3 +354,17 @@ def json_object(_: object, attribute: attrs.Attribute[Any], value: str | None) -
         raise ConfigError(
             f'{attribute.name} must be a JSON object ({{"name": value, ...}}), got {value!r}'
         )
+
+
+# split placement and asynchronous training ----------------------------------------------------
+
+PLACEMENTS = ("colocated", "split")
+"""Where training and rollout run: on every rank, or on ranks of their own."""
+
+
+def placement(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value not in PLACEMENTS:
+        raise ConfigError(f"{attribute.name} must be one of {list(PLACEMENTS)}, got {value!r}")
+
+
+optional_non_negative_int = v.optional(v.non_negative_int)

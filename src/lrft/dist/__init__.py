@@ -1,5 +1,5 @@
-"""Distributed primitives: torchrun's environment, rollout topology, start-up, collectives,
-and the phase watch that names a stalled rank."""
+"""Distributed primitives: torchrun's environment, rollout topology, the split placement,
+start-up, collectives, and the phase watch that names a stalled rank."""
 
 from lrft.dist.collectives import (
     GenerateFn,
@@ -14,6 +14,8 @@ from lrft.dist.collectives import (
 from lrft.dist.init import DEFAULT_TIMEOUT, backend_for, close_distributed, init_distributed
 from lrft.dist.layout import RolloutGroups, RolloutLayout
 from lrft.dist.rank import RankInfo
+from lrft.dist.span import SpanGroup
+from lrft.dist.split import Role, SplitGroups, SplitLayout, init_split_distributed
 from lrft.dist.watchdog import PhaseWatch, is_collective_timeout
 
 __all__ = [
@@ -21,8 +23,12 @@ __all__ = [
     "GenerateFn",
     "PhaseWatch",
     "RankInfo",
+    "Role",
     "RolloutGroups",
     "RolloutLayout",
+    "SpanGroup",
+    "SplitGroups",
+    "SplitLayout",
     "all_gather_into",
     "all_gather_into_many",
     "all_gather_objects",
@@ -30,6 +36,7 @@ __all__ = [
     "broadcast_object",
     "close_distributed",
     "init_distributed",
+    "init_split_distributed",
     "is_collective_timeout",
     "mean_over_ranks",
     "sum_over_ranks",

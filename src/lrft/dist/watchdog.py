@@ -60,6 +60,10 @@ def stall_after_s(timeout_s: float) -> float:
     return min(60.0, max(1.0, timeout_s / 2))
 
 
+def _who(rank: int, role: str | None) -> str:
+    return f"rank {rank}" if role is None else f"rank {rank} ({role})"
+
+
 def _where(phase: str, step: int) -> str:
     return f"phase {phase!r} of step {step}" if step > 0 else f"phase {phase!r} before step 1"
 
@@ -73,16 +77,18 @@ class PeerState:
     step: int
     state: str
     silent_s: float
+    role: str | None = None
+
+    @property
+    def who(self) -> str:
+        return _who(self.rank, self.role)
 
     def describe(self) -> str:
         if self.state == FINISHED:
-            return f"rank {self.rank} had finished"
+            return f"{self.who} had finished"
         if self.state == FAILED:
-            return f"rank {self.rank} had failed in {_where(self.phase, self.step)}"
-        return (
-            f"rank {self.rank} last reported {_where(self.phase, self.step)} "
-            f"{self.silent_s:.0f} s ago"
-        )
+            return f"{self.who} had failed in {_where(self.phase, self.step)}"
+        return f"{self.who} last reported {_where(self.phase, self.step)} {self.silent_s:.0f} s ago"
 
 
 def is_collective_timeout(error: BaseException) -> bool:
@@ -121,7 +127,8 @@ class PhaseWatch:
     ``store`` is where the ranks publish (``None``: this rank's own phase is still named in
     timeouts, the peers' are unknown). ``timeout_s`` is the process group's collective timeout,
     from which the beat interval and the stall report's delay follow. ``report`` receives the
-    stall lines (stderr by default).
+    stall lines (stderr by default). ``role`` (a split placement's ``train`` or ``rollout``) is
+    named with the rank in every report, this rank's and its peers'.
     """
 
     def __init__(
@@ -132,8 +139,11 @@ class PhaseWatch:
         timeout_s: float,
         store: Store | None,
         report: Callable[[str], None] = _report_to_stderr,
+        role: str | None = None,
     ) -> None:
         self.rank = rank
+        self.role = role
+        self.who = _who(rank, role)
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.store = store
@@ -190,7 +200,7 @@ class PhaseWatch:
     def timeout_error(self, error: BaseException) -> CollectiveTimeout:
         backend = " ".join(str(error).split())[:300]
         return CollectiveTimeout(
-            f"rank {self.rank}: a collective did not complete within {self.timeout_s:g} s "
+            f"{self.who}: a collective did not complete within {self.timeout_s:g} s "
             f"(--collective_timeout_s) in {_where(self.phase_name, self.step)}; "
             f"{self._peers_summary()}; the backend said: {backend}"
         )
@@ -240,7 +250,12 @@ class PhaseWatch:
         assert self.store is not None
         with self._lock:  # the thread and close() both publish
             self._beat += 1
-            value = {"beat": self._beat, "phase": self.phase_name, "step": self.step}
+            value = {
+                "beat": self._beat,
+                "phase": self.phase_name,
+                "step": self.step,
+                "role": self.role,
+            }
             text = json.dumps({**value, "state": self._state})
         self.store.set(HEARTBEAT_KEY.format(rank=self.rank), text)
 
@@ -269,6 +284,7 @@ class PhaseWatch:
                         step=int(value["step"]),
                         state=str(value.get("state", RUNNING)),
                         silent_s=now - last[1],
+                        role=value.get("role"),
                     )
                 )
         return found
@@ -281,15 +297,15 @@ class PhaseWatch:
             if silent and peer.rank not in self._stalled:
                 self._stalled.add(peer.rank)
                 self.report(
-                    f"lrft: rank {self.rank}: rank {peer.rank} has not been heard from for "
+                    f"lrft: {self.who}: {peer.who} has not been heard from for "
                     f"{peer.silent_s:.0f} s (its last report: {_where(peer.phase, peer.step)}; "
-                    f"rank {self.rank} is in {_where(self.phase_name, self.step)}): it is stopped, "
+                    f"{self.who} is in {_where(self.phase_name, self.step)}): it is stopped, "
                     f"dead or stuck; collectives fail after {self.timeout_s:g} s "
                     "(--collective_timeout_s)"
                 )
             elif not silent and peer.rank in self._stalled:
                 self._stalled.discard(peer.rank)
-                self.report(f"lrft: rank {self.rank}: rank {peer.rank} is heard from again")
+                self.report(f"lrft: {self.who}: {peer.who} is heard from again")
 
 
 def _beat_until_stopped(

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from lrft.dist.init import init_distributed
 from lrft.dist.rank import RankInfo
+from lrft.dist.split import SplitGroups, SplitLayout, init_split_distributed
 
 Status = Literal["ok", "raised", "skipped", "died", "hung"]
 Reply = tuple[Status, str, Any]  # (status, one-line summary, pickled result or text)
@@ -44,9 +45,13 @@ class RankContext:
     world_size: int
     device: torch.device  # cpu, or cuda:<rank> in a cuda pool
     shared_dir: Path  # fresh per pool, kept across its calls: use per-test names inside it
+    # A split pool's placement: each role's ranks are then the default group of their
+    # processes, and the span groups join them (``current_split_groups``).
+    split: SplitLayout | None = None
 
 
 _CONTEXT: RankContext | None = None
+_SPLIT_GROUPS: SplitGroups | None = None
 _STACK_FILE: IO[str] | None = None  # held open: faulthandler writes to its descriptor
 
 
@@ -55,6 +60,13 @@ def current_rank_context() -> RankContext:
     if _CONTEXT is None:
         raise RuntimeError("current_rank_context() called outside a RankPool worker process")
     return _CONTEXT
+
+
+def current_split_groups() -> SplitGroups:
+    """The groups of a split pool's worker (see ``RankPool``'s ``split``)."""
+    if _SPLIT_GROUPS is None:
+        raise RuntimeError("current_split_groups() called outside a split RankPool's worker")
+    return _SPLIT_GROUPS
 
 
 def worker_main(context: RankContext, workdir: Path, timeout_s: float, conn: Connection) -> None:
@@ -73,7 +85,7 @@ def worker_main(context: RankContext, workdir: Path, timeout_s: float, conn: Con
 
 
 def _start_worker(context: RankContext, workdir: Path, timeout_s: float) -> None:
-    global _CONTEXT, _STACK_FILE
+    global _CONTEXT, _STACK_FILE, _SPLIT_GROUPS
     # Workers are not daemonic (a rank may start processes of its own: DataLoader workers,
     # engines), so Linux is asked to kill them if the test process dies without closing the pool.
     if sys.platform == "linux":
@@ -94,7 +106,13 @@ def _start_worker(context: RankContext, workdir: Path, timeout_s: float) -> None
         rank=rank, local_rank=rank, world_size=size, local_world_size=size, device=context.device
     )
     rendezvous = (workdir / "rendezvous").as_uri()
-    init_distributed(info, timeout=timedelta(seconds=timeout_s), init_method=rendezvous)
+    timeout = timedelta(seconds=timeout_s)
+    if context.split is not None:
+        _SPLIT_GROUPS = init_split_distributed(
+            context.split, rank=rank, device=context.device, timeout=timeout, init_method=rendezvous
+        )
+    else:
+        init_distributed(info, timeout=timeout, init_method=rendezvous)
     _CONTEXT = context
 
 

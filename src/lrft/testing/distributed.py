@@ -32,12 +32,14 @@ import attrs
 import pytest
 import torch
 
+from lrft.dist.split import SplitLayout
 from lrft.testing._rank_worker import (
     MIN_STARTUP_S,
     STACK_SIGNAL,
     RankContext,
     Status,
     current_rank_context,
+    current_split_groups,
     health_probe,
     threads_per_rank,
     worker_main,
@@ -53,6 +55,7 @@ __all__ = [
     "RankPool",
     "RankReport",
     "current_rank_context",
+    "current_split_groups",
     "default_timeout_s",
     "missing_devices",
     "shared_pool",
@@ -118,7 +121,10 @@ class RankPool:
     The workers start in the constructor and are awaited by the first ``run``. A hung or dead rank
     breaks the pool: it is killed and closed, and a later ``run`` raises ``RuntimeError``
     (``shared_pool`` hands out a fresh pool instead). ``grace_s`` is how long the other ranks
-    may still run after one failed before they count as hung.
+    may still run after one failed before they count as hung. ``split`` starts the ranks in a
+    split placement (:class:`lrft.dist.SplitLayout` of ``world_size`` ranks): each role's ranks
+    are then the default group of their processes, and rank-side code finds the span groups
+    with ``current_split_groups()``.
     """
 
     def __init__(
@@ -128,7 +134,10 @@ class RankPool:
         device_type: DeviceType = "cpu",
         timeout_s: float | None = None,
         grace_s: float = 5.0,
+        split: SplitLayout | None = None,
     ) -> None:
+        if split is not None and split.world_size != world_size:
+            raise ValueError(f"RankPool({world_size}) given a split layout of {split.world_size}")
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         if (missing := missing_devices(world_size, device_type)) is not None:
@@ -139,6 +148,7 @@ class RankPool:
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
         self.grace_s = grace_s
+        self.split = split
         self._workdir = Path(tempfile.mkdtemp(prefix=f"lrft-pool-{world_size}-"))
         self.shared_dir = self._workdir / "shared"
         self.shared_dir.mkdir()
@@ -159,7 +169,11 @@ class RankPool:
             for rank in range(self.world_size):
                 device = torch.device(f"cuda:{rank}" if self.device_type == "cuda" else "cpu")
                 context = RankContext(
-                    rank=rank, world_size=self.world_size, device=device, shared_dir=self.shared_dir
+                    rank=rank,
+                    world_size=self.world_size,
+                    device=device,
+                    shared_dir=self.shared_dir,
+                    split=self.split,
                 )
                 parent_end, child_end = spawn.Pipe()
                 args = (context, self._workdir, self.timeout_s, child_end)
@@ -302,9 +316,14 @@ class RankPool:
         self._send(pickle.dumps((health_probe, (), {})))
         reports, results = self._collect(max(self.grace_s, 10.0))
         return all(
-            report.status == "ok" and pickle.loads(results[report.rank]) == self.world_size
+            report.status == "ok"
+            and pickle.loads(results[report.rank]) == self._group_size(report.rank)
             for report in reports
         )
+
+    def _group_size(self, rank: int) -> int:
+        """The size of ``rank``'s default group: the world, or its role's in a split pool."""
+        return self.world_size if self.split is None else self.split.role_world_size(rank)
 
     def _kill(self) -> None:
         for process in self._processes:
@@ -323,7 +342,8 @@ class RankPool:
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
-        return f"RankPool({self.world_size}, device_type={self.device_type!r}, {state})"
+        split = "" if self.split is None else f", split={self.split}"
+        return f"RankPool({self.world_size}, device_type={self.device_type!r}{split}, {state})"
 
 
 def _shut_down(processes: list[SpawnProcess], conns: list[Connection], workdir: Path) -> None:
@@ -369,7 +389,7 @@ def _size(path: Path) -> int:
 # ----------------------------------------------------------------------------- shared pools
 
 _LIVE_POOLS: weakref.WeakSet[RankPool] = weakref.WeakSet()
-_SHARED_POOLS: dict[tuple[int, DeviceType], RankPool] = {}
+_SHARED_POOLS: dict[tuple[int, DeviceType, SplitLayout | None], RankPool] = {}
 
 
 @atexit.register
@@ -380,12 +400,14 @@ def _close_live_pools() -> None:
         pool.close()
 
 
-def shared_pool(world_size: int, device_type: DeviceType = "cpu") -> RankPool:
-    """The process-wide pool for ``(world_size, device_type)``, replaced when it broke."""
-    key = (world_size, device_type)
+def shared_pool(
+    world_size: int, device_type: DeviceType = "cpu", *, split: SplitLayout | None = None
+) -> RankPool:
+    """The process-wide pool for ``(world_size, device_type, split)``, replaced when it broke."""
+    key = (world_size, device_type, split)
     pool = _SHARED_POOLS.get(key)
     if pool is None or pool.closed:
-        pool = _SHARED_POOLS[key] = RankPool(world_size, device_type=device_type)
+        pool = _SHARED_POOLS[key] = RankPool(world_size, device_type=device_type, split=split)
     return pool
 
 

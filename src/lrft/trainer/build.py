@@ -26,8 +26,8 @@ from lrft.api.types import ModelPart, SamplingParams
 from lrft.backends.registry import engine_facts, import_plugins
 from lrft.backends.train.lora import AdaptersDisabled, apply_lora
 from lrft.config import TrainConfig
-from lrft.data import DistributedPromptSampler, MediaProcessor
-from lrft.dist import PhaseWatch, RankInfo, RolloutLayout, init_distributed
+from lrft.data import DistributedPromptSampler, MediaProcessor, PromptDataset
+from lrft.dist import PhaseWatch, RankInfo, RolloutLayout, SplitGroups, init_distributed
 from lrft.models.critic import load_critic
 from lrft.models.media import (
     freeze_audio_tower,
@@ -38,6 +38,7 @@ from lrft.models.media import (
 from lrft.rewards import RewardFn
 from lrft.run.export import LORA_ADAPTER_DIR, export_hf, export_lora_adapter
 from lrft.run.outputs import claim_outputs
+from lrft.trainer.async_rollout import AsyncRollout
 from lrft.trainer.colocation import Colocation
 from lrft.trainer.components import engine_memory_share, rollout_engine, train_backend, weight_sync
 from lrft.trainer.critic import CriticUpdate
@@ -112,12 +113,17 @@ def rollout_sampling(config: TrainConfig, eos_token_id: int | None) -> SamplingP
     )
 
 
+def decoder(tokenizer: PreTrainedTokenizerBase) -> Decode:
+    """Response tokens to text, as the rewards and the records read them."""
+    return lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=True))
+
+
 def experience_maker(
     config: TrainConfig,
     *,
-    engine: RolloutEngine,
+    engine: RolloutEngine | None,
     decode: Decode,
-    reward: RewardFn,
+    reward: RewardFn | None,
     device: torch.device,
     tp_group: ProcessGroup | None,
     eos_token_id: int | None,
@@ -191,7 +197,7 @@ def rollout_stack(
     maker = experience_maker(
         config,
         engine=engine,
-        decode=lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=True)),
+        decode=decoder(tokenizer),
         reward=reward,
         device=device,
         tp_group=tp_group,
@@ -205,6 +211,21 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
     configured collective timeout) and its phase watch, and build everything. ``config`` names
     its model and prompts (``lrft train`` fills in the demo's or a preset's first)."""
     info = rank_info if rank_info is not None else RankInfo.from_env()
+    prepare_run(config, info)
+    init_distributed(info, timeout=timedelta(seconds=config.collective_timeout_s))
+    watch = PhaseWatch.for_default_group(config.collective_timeout_s)
+    watch.start()
+    try:
+        with watch.phase("build"):
+            return trainer_after_start(config, info, watch)
+    except BaseException:
+        watch.close(failed=True)
+        raise
+
+
+def prepare_run(config: TrainConfig, info: RankInfo) -> None:
+    """What a run checks and claims before any process group starts: its plug-ins, the
+    settings that depend on the number of ranks, its output folders, its model and prompts."""
     import_plugins(config.plugins)
     config.validate_world(info.world_size)
     facts = engine_facts(config.engine_type)
@@ -220,21 +241,20 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
             "lrft.demos.apply.apply_demo_or_preset)"
         )
     check_before_start(config)
-    init_distributed(info, timeout=timedelta(seconds=config.collective_timeout_s))
-    watch = PhaseWatch.for_default_group(config.collective_timeout_s)
-    watch.start()
-    try:
-        with watch.phase("build"):
-            return _build(config, info, watch)
-    except BaseException:
-        watch.close(failed=True)
-        raise
 
 
-def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
-    """Everything ``build_trainer`` makes once the process group is up. Collective."""
+@attrs.frozen(kw_only=True, eq=False)
+class PromptSets:
+    """The run's tokenizer and its training and held-out prompts."""
+
+    tokenizer: PreTrainedTokenizerBase
+    train: PromptDataset
+    eval: PromptDataset | None
+
+
+def prompt_sets(config: TrainConfig) -> PromptSets:
+    """The tokenizer (a media model's processor's) and the prompts ``config`` names."""
     assert config.pretrain is not None
-    torch.manual_seed(config.seed)
     # A vision-language model's prompts are formatted by its own processor (which holds its
     # tokenizer): the images' placeholders and their expansion are the model's.
     processor = (
@@ -255,6 +275,19 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         processor=processor,
     )
     eval_data = eval_prompts(config, tokenizer, processor)
+    return PromptSets(tokenizer=tokenizer, train=train_data, eval=eval_data)
+
+
+def trainer_after_start(
+    config: TrainConfig, info: RankInfo, watch: PhaseWatch, split: SplitGroups | None = None
+) -> RLTrainer:
+    """Everything ``build_trainer`` makes once the process group is up; collective. ``split``:
+    this trainer rank's groups of a split placement (``info`` its place among the trainer
+    ranks), which then holds no engine and no reward: the rollout ranks generate and score."""
+    assert config.pretrain is not None
+    torch.manual_seed(config.seed)
+    prompts = prompt_sets(config)
+    tokenizer, train_data, eval_data = prompts.tokenizer, prompts.train, prompts.eval
     schedule = config.scheduler_config(planned_iterations(config, len(train_data), info))
 
     backend = train_backend(config, info)
@@ -271,33 +304,48 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         reference = AdaptersDisabled(actor)  # the actor's own base: no second copy of it
     elif config.init_kl_coef > 0:
         reference = backend.prepare_frozen(causal_lm(config))
-    reward = build_reward(config, backend, data_labels([train_data, eval_data]))
+    # split: the rollout ranks generate and score; this rank holds neither engine nor reward
+    reward = None if split else build_reward(config, backend, data_labels([train_data, eval_data]))
     critic, critic_offload = (
         build_critic(config, backend, schedule)
         if config.uses_critic
         else (None, frozenset[ModelPart]())
     )
-    stack = rollout_stack(
-        config,
-        info,
-        pretrain=config.pretrain,
-        reward=reward,
-        tokenizer=tokenizer,
-        device=backend.device,
-    )
+    engine: RolloutEngine | None = None
+    if reward is not None:
+        stack = rollout_stack(
+            config,
+            info,
+            pretrain=config.pretrain,
+            reward=reward,
+            tokenizer=tokenizer,
+            device=backend.device,
+        )
+        engine, maker = stack.engine, stack.maker
+    else:
+        maker = experience_maker(
+            config,
+            engine=None,
+            decode=decoder(tokenizer),
+            reward=None,
+            device=backend.device,
+            tp_group=None,
+            eos_token_id=tokenizer.eos_token_id,
+        )
     if info.rank == 0:
         print(
-            f"backends: train {backend.name}, engine {stack.engine.name}, weight sync "
-            f"{config.weight_sync}",
+            f"backends: train {backend.name}, engine "
+            f"{config.engine_type if engine is None else engine.name}, weight sync "
+            f"{config.weight_sync}, placement {config.placement}",
             flush=True,
         )
     colocation = Colocation(
-        engine=stack.engine,
+        engine=engine,
         actor=actor,
         reference=reference,
-        sync=weight_sync(config),
+        sync=weight_sync(config, split),
         device=backend.device,
-        sleep_level=ENGINE_SLEEP_LEVEL if config.enable_engine_sleep else None,
+        sleep_level=ENGINE_SLEEP_LEVEL if config.enable_engine_sleep and engine else None,
         # A backend that moves no parameters (FSDP2 cpu_offload) keeps them on the host already;
         # a LoRA reference is the actor: nothing of its own to move.
         offload_reference=config.enable_engine_sleep
@@ -317,11 +365,28 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
     )
     parts = RolloutParts(
         colocation=colocation,
-        maker=stack.maker,
+        maker=maker,
         data=train_data,
         sampler=sampler,
         seeds=RolloutSeeds(seed=config.seed, rank=info.rank, tp_size=config.engine_tp_size),
         n=config.n_samples_per_prompt,
+    )
+    rollout: Rollout = (
+        _rollout(config, parts, tokenizer, watch)
+        if split is None
+        else AsyncRollout(
+            groups=split,
+            colocation=colocation,
+            maker=maker,
+            data=train_data,
+            eval_size=0 if eval_data is None else len(eval_data),
+            sampler=sampler,
+            n=config.n_samples_per_prompt,
+            max_staleness=config.staleness_bound,
+            total=config.planned_iterations(sampler.batches_per_epoch),
+            eval_every=config.eval_steps,
+            watch=watch,
+        )
     )
     pretrain = config.pretrain
 
@@ -339,8 +404,8 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
             actor=actor,
             critic=critic,
             colocation=colocation,
-            rollout=_rollout(config, parts, tokenizer, watch),
-            maker=stack.maker,
+            rollout=rollout,
+            maker=maker,
             sampler=sampler,
             train_data=train_data,
             eval_data=eval_data,

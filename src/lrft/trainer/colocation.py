@@ -21,7 +21,13 @@ from typing import TypeVar
 
 import torch
 
-from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, WeightSync
+from lrft.api.protocols import (
+    FrozenModel,
+    RolloutEngine,
+    SplitWeightSync,
+    TrainableModel,
+    WeightSync,
+)
 from lrft.api.types import EnginePart, ModelPart, SyncReport
 from lrft.dist.watchdog import PhaseWatch
 
@@ -54,6 +60,8 @@ class Colocation:
     """Memory placement of one rank's engine, actor, reference and critic across the phases.
 
     ``sleep_level``: the engine sleeps at this level after generating (``None``: stays awake).
+    ``engine``: ``None`` on the trainer ranks of a split placement, which hold no engine: the
+    weight sync then sends to the rollout ranks' (a ``SplitWeightSync``).
     ``offload_reference``: the reference model lives on the host except during its pass.
     ``offload_optimizer``: the actor's optimizer state lives on the host except during the
     policy phase. ``critic_offload``: the parts of the critic (value-based estimators) that live
@@ -68,7 +76,7 @@ class Colocation:
     def __init__(
         self,
         *,
-        engine: RolloutEngine,
+        engine: RolloutEngine | None,
         actor: TrainableModel,
         reference: FrozenModel | None,
         sync: WeightSync,
@@ -135,10 +143,13 @@ class Colocation:
         ``sleep_level`` overrides the configured level: evaluation sleeps at level 1 because no
         weight sync follows it, and level 2 would leave the next rollout stale weights.
         """
+        engine = self.engine
+        if engine is None:
+            raise RuntimeError("this rank holds no engine: the rollout ranks generate")
         with self.phase(name):
             with self._timed("engine_wake"):
-                self.engine.wake([EnginePart.WEIGHTS])
-                self.engine.wake([EnginePart.KV_CACHE])
+                engine.wake([EnginePart.WEIGHTS])
+                engine.wake([EnginePart.KV_CACHE])
             try:
                 return generate()
             finally:
@@ -147,7 +158,7 @@ class Colocation:
                     level = min(level, sleep_level)
                 if level is not None:
                     with self._timed("engine_sleep"):
-                        self.engine.sleep(level)
+                        engine.sleep(level)
 
     @contextmanager
     def _timed(self, name: str) -> Iterator[None]:
@@ -236,6 +247,10 @@ class Colocation:
                 self.critic.offload(self.critic_offload)
 
     def sync(self, version: int) -> SyncReport:
-        """Push the actor's weights into the engine as ``version`` (wakes only its weights)."""
+        """Push the actor's weights into the engine as ``version`` (wakes only its weights), or
+        with no engine here, to the rollout ranks' engines."""
         with self.phase("weight_sync"):
+            if self.engine is None:
+                assert isinstance(self.weight_sync, SplitWeightSync)
+                return self.weight_sync.sync(self.actor, None, version=version)
             return self.weight_sync.sync(self.actor, self.engine, version=version)

@@ -20,7 +20,7 @@ from lrft.api.protocols import RolloutEngine, TrainBackend, WeightSync
 from lrft.backends import registry
 from lrft.backends.sync.direct import DEFAULT_BUCKET_BYTES
 from lrft.config import TrainConfig
-from lrft.dist import RankInfo
+from lrft.dist import RankInfo, SplitGroups
 
 
 def _rollout_dtype(info: RankInfo) -> torch.dtype:
@@ -72,11 +72,12 @@ def rollout_engine(
     return registry.build_engine(config.engine_type, spec)
 
 
-def weight_sync(config: TrainConfig) -> WeightSync:
-    """The ``weight_sync`` sync: lrft's ``direct``, or a registered package's."""
-    return registry.build_sync(
-        config.weight_sync, WeightSyncSpec(bucket_bytes=DEFAULT_BUCKET_BYTES)
-    )
+def weight_sync(config: TrainConfig, groups: SplitGroups | None = None) -> WeightSync:
+    """The ``weight_sync`` sync: lrft's ``direct``, its ``broadcast`` (over the span groups of
+    a split placement, ``groups``), or a registered package's."""
+    options = {} if groups is None else {"groups": groups}
+    spec = WeightSyncSpec(bucket_bytes=DEFAULT_BUCKET_BYTES, options=options)
+    return registry.build_sync(config.weight_sync, spec)
 
 
 def _train_options(config: TrainConfig) -> dict[str, Any]:

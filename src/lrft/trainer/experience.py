@@ -24,6 +24,7 @@ from lrft.algo import (
     scale_logits,
     token_kl,
 )
+from lrft.api.errors import LrftError
 from lrft.api.protocols import FrozenModel, RolloutEngine
 from lrft.api.types import GenerationRequest, GenerationResult, SamplingParams
 from lrft.data import PromptSample
@@ -128,6 +129,8 @@ class ExperienceBatch:
     values: Tensor | None = None  # (B, T) the critic's, at experience time
     returns: Tensor | None = None  # (B, T) the critic's regression targets
     engine_logprobs: Tensor | None = None  # (B, T) the rollout engine's own, for TIS
+    # (B,) the version of the weights that generated each row (split placement), else None
+    weight_versions: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.sequences)
@@ -147,6 +150,7 @@ class ExperienceBatch:
             engine_logprobs=(
                 None if self.engine_logprobs is None else self.engine_logprobs[rows, :steps]
             ),
+            weight_versions=None if self.weight_versions is None else self.weight_versions[rows],
         )
 
 
@@ -166,12 +170,13 @@ class ExperienceMaker:
     ``reward_moments`` are the running reward statistics (DP-global), updated only by
     :meth:`make` when ``normalize_reward`` is on. ``first_token_temperature`` turns on FIRE
     sampling (:meth:`generate`, :meth:`logprobs`); ``overlong_buffer_len`` DAPO's overlong
-    shaping (:meth:`shape`).
+    shaping (:meth:`shape`). ``engine`` and ``reward`` are ``None`` on the trainer ranks of a
+    split placement, where the rollout ranks generate and score.
     """
 
-    engine: RolloutEngine
+    engine: RolloutEngine | None
     decode: Decode
-    reward: RewardFn
+    reward: RewardFn | None
     sampling: SamplingParams
     estimator: str
     micro_batch_size: int
@@ -225,6 +230,8 @@ class ExperienceMaker:
         # An engine that declares tensor_parallel spans its TP group and, by the RolloutEngine
         # contract, gathers the group's requests itself: gathering here too would hand it every
         # request of the group on every rank. Only a single-rank engine needs the gather.
+        if self.engine is None:
+            raise LrftError("this rank holds no engine: the rollout ranks generate")
         spans_group = "tensor_parallel" in self.engine.capabilities.names()
         group = None if spans_group else self.tp_group
         return tp_group_generate(self.engine.generate, requests, params, group)
@@ -273,6 +280,8 @@ class ExperienceMaker:
     ) -> RewardOutput:
         """The reward function's output for each result (prompt-major, ``n`` per prompt), with
         its per-sample metrics; names a failing sample."""
+        if self.reward is None:
+            raise LrftError("this rank holds no reward: the rollout ranks score")
         samples = []
         for index, result in enumerate(results):
             prompt = prompts[index // n]
@@ -312,6 +321,7 @@ class ExperienceMaker:
         values: Tensor | None = None,
         engine_logprobs: Tensor | None = None,
         token_rewards: Tensor | None = None,
+        weight_versions: Tensor | None = None,
     ) -> ExperienceBatch:
         """Advantages in one normalisation stage, with DP-global whitening statistics.
 
@@ -321,7 +331,8 @@ class ExperienceMaker:
         sampling. ``token_rewards``: (B, T) rewards at the tokens that earned them (a multi-turn
         episode's turn rewards, each at its turn's last token) instead of each score at its
         response's last token; ``scores`` are then their sums, which outcome estimators (GRPO)
-        compare.
+        compare. ``weight_versions``: (B,) the version of the weights that generated each row,
+        carried into the replay buffer.
         """
         mask = sequences.action_mask
         if token_rewards is not None:
@@ -372,6 +383,7 @@ class ExperienceMaker:
             values=values,
             returns=None if values is None else advantages.returns.float(),
             engine_logprobs=engine_logprobs,
+            weight_versions=weight_versions,
         )
 
 

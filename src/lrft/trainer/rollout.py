@@ -10,7 +10,9 @@ samples is a new class here, never a branch in :meth:`lrft.trainer.RLTrainer.tra
 - :class:`RefillRollout`: DAPO's dynamic sampling, generate-and-score rounds until the batch
   holds groups with a reward spread only (:func:`lrft.trainer.sampling.refill_groups`);
 - :class:`EpisodeRollout`: multi-turn episodes of an environment
-  (:class:`lrft.trainer.episodes.EpisodeRunner`).
+  (:class:`lrft.trainer.episodes.EpisodeRunner`);
+- :class:`lrft.trainer.async_rollout.AsyncRollout`: the trainer side of the split placement,
+  fed by the rollout ranks (synchronous, or up to ``max_staleness`` versions behind).
 
 Every method is collective over the default group (the engine's TP group generates together;
 reward models may be sharded): every rank calls it, also one with no prompts.
@@ -53,7 +55,9 @@ class RolloutBatch:
     logprobs of the response tokens when the sampling asked for them (truncated importance
     sampling), else ``None``. ``generated``: the reward of every response generated, trained or
     not (what the step's reward metrics report). ``metrics``: the mode's own counters.
-    ``episodes``: the episodes' turns, for the trajectory records.
+    ``episodes``: the episodes' turns, for the trajectory records. ``weight_versions``: (B,)
+    the version of the weights that generated each row, where they may lag the trainer's (the
+    split placement), else ``None``.
     """
 
     prompts: Sequence[PromptSample]
@@ -66,6 +70,7 @@ class RolloutBatch:
     generated: RewardOutput
     metrics: dict[str, float]
     episodes: EpisodeBatch | None = None
+    weight_versions: Tensor | None = None
 
     @property
     def responses(self) -> Sequence[GenerationResult]:
@@ -77,6 +82,11 @@ class RolloutBatch:
 class Rollout(Protocol):
     """Makes an iteration's samples (:meth:`collect`) and scores held-out prompts
     (:meth:`eval_scores`); both collective over the default group."""
+
+    def begin(self, step: int) -> None:
+        """Called once before a run's first weight sync, with the iteration it starts from (0,
+        or a resumed checkpoint's step). Collective."""
+        ...
 
     def collect(self, step: int) -> RolloutBatch:
         """The samples of iteration ``step`` (0-based), taking its prompts from the sampler."""
@@ -138,7 +148,15 @@ class RolloutParts:
         return scores
 
 
-class SingleTurnRollout:
+class _FromTheSampler:
+    """A rollout that takes each iteration's prompts from the sampler as it goes: a run's
+    start needs nothing of it."""
+
+    def begin(self, step: int) -> None:
+        return None
+
+
+class SingleTurnRollout(_FromTheSampler):
     """One response per sample: generate, then score (the default mode)."""
 
     def __init__(self, parts: RolloutParts) -> None:
@@ -168,7 +186,7 @@ class SingleTurnRollout:
         return self.parts.greedy_scores(prompts, params)
 
 
-class RefillRollout:
+class RefillRollout(_FromTheSampler):
     """DAPO's dynamic sampling: rounds of generate-and-score until the batch holds groups with
     a reward spread only. Each round takes the sampler's next batch, so a checkpoint's sampler
     position counts every prompt consumed."""
@@ -219,7 +237,7 @@ class RefillRollout:
         return self.parts.greedy_scores(prompts, params)
 
 
-class EpisodeRollout:
+class EpisodeRollout(_FromTheSampler):
     """Multi-turn episodes: each sample is an episode of an environment, trained on the
     model's own tokens, rewarded per turn by the environment plus the reward function's score
     of its final turn (:mod:`lrft.trainer.episodes`)."""

@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 import lrft
 from lrft.algo import AdaptiveKLController, KLController, RunningMoments
-from lrft.api.errors import ConfigError
-from lrft.api.protocols import TrainableModel
+from lrft.api.errors import ConfigError, LrftError
+from lrft.api.protocols import RolloutEngine, TrainableModel
 from lrft.config import TrainConfig
 from lrft.data import DistributedPromptSampler, PromptDataset, eval_indices
 from lrft.dist import PhaseWatch, mean_over_ranks, sum_over_ranks
@@ -96,12 +96,12 @@ class RLTrainer:
         self.config = config
         self.rank = dist.get_rank() if dist.is_initialized() else 0
         self.world_size = dist.get_world_size() if dist.is_initialized() else 1
-        config.validate_world(self.world_size)
+        if config.placement == "colocated":  # split: checked for the whole job before start-up
+            config.validate_world(self.world_size)
         self.parts = parts
         self.actor = parts.actor
         self.critic = parts.critic
         self.colocation = parts.colocation
-        self.engine = parts.colocation.engine
         self.rollout = parts.rollout
         self.maker = parts.maker
         self.sampler = parts.sampler
@@ -122,6 +122,13 @@ class RLTrainer:
         self.run_id: str | None = None
         """The run's id (in ``run.json`` and every checkpoint's manifest), set by :meth:`fit`:
         a resumed run's is its checkpoint's."""
+
+    @property
+    def engine(self) -> RolloutEngine:
+        """This rank's engine; a trainer rank of a split placement holds none."""
+        if self.colocation.engine is None:
+            raise LrftError("this rank holds no engine: the rollout ranks generate")
+        return self.colocation.engine
 
     @property
     def total_steps(self) -> int:
@@ -167,6 +174,7 @@ class RLTrainer:
                 values=values,
                 engine_logprobs=batch.engine_logprobs,
                 token_rewards=batch.token_rewards,
+                weight_versions=batch.weight_versions,
             ),
         )
         self.buffer.clear()
@@ -221,6 +229,7 @@ class RLTrainer:
             experience=experience,
             decode=self.maker.decode,
             kl_estimator=self.maker.kl_estimator,
+            trained_version=self.step - 1,
         )
         if batch.episodes is not None:
             add_turns(records, batch.episodes, self.maker.decode)
@@ -271,7 +280,10 @@ class RLTrainer:
     def save_checkpoint(self) -> Path:
         manifest: dict[str, Any] = {
             "consumed_samples": self.sampler.total_consumed_samples,
+            # the prompt stream's position and the weights it continues from: a resumed run
+            # (split placement too) generates the next batch with them, losing or repeating none
             "sampler": self.sampler.state_dict(),
+            "weights_version": self.step,
             "config": redact(self.config.as_dict()),
             "lrft_version": lrft.__version__,
             "reward_moments": attrs.asdict(self.maker.reward_moments),
@@ -357,6 +369,7 @@ class RLTrainer:
             self.metrics.wandb.start()  # after resume: it may continue the checkpoint's run
         if self.trajectories is not None:
             self.trajectories.discard_after(self.step)
+        self.rollout.begin(self.step)
         self.colocation.sync(version=self.step)
         first: dict[str, float] | None = None
         last: dict[str, float] | None = None

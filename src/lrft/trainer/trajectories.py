@@ -16,8 +16,9 @@ file), ``prompt`` and ``response`` texts, ``prompt_tokens`` and ``response_token
 function's score, before any ``normalize_reward`` scaling), ``reward_metrics`` (the reward's named
 per-sample values; ``null`` where not measured), ``advantage`` (the mean over the response's
 tokens, which is the sequence's advantage for outcome estimators such as ``group_norm``),
-``logprob`` (the response's summed log-probability under the behaviour policy), with a
-reference model ``kl`` (the mean per-token KL estimate against it) and, for a prompt with
+``logprob`` (the response's summed log-probability under the behaviour policy), in the split
+placement ``weight_version`` (the version of the weights that generated it) and ``staleness``
+(how many versions it lagged the weights it trained), with a reference model ``kl`` (the mean per-token KL estimate against it) and, for a prompt with
 images, ``images`` (where each came from, as the data names it), for one with audio clips
 ``audio`` (the same for its clips). An iteration whose prompts hold
 images also gets a static HTML page showing each group's images, prompt and responses with their
@@ -69,9 +70,11 @@ def sample_records(
     experience: ExperienceBatch,
     decode: Decode,
     kl_estimator: str,
+    trained_version: int | None = None,
 ) -> list[dict[str, Any]]:
     """One record per result (prompt-major, ``len(results) // len(prompts)`` per prompt); see
-    the module docstring for the fields."""
+    the module docstring for the fields. ``trained_version``: the version of the weights the
+    step trained, which the rows' ``experience.weight_versions`` lag."""
     if not prompts or len(results) % len(prompts):
         raise ValueError(
             f"{len(results)} results are not a whole number per {len(prompts)} prompts"
@@ -114,6 +117,10 @@ def sample_records(
             "advantage": _finite(float(advantages[i])),
             "logprob": _finite(float(logprobs[i])),
         }
+        if experience.weight_versions is not None and trained_version is not None:
+            version = int(experience.weight_versions[i])
+            record["weight_version"] = version
+            record["staleness"] = trained_version - version
         if kl is not None:
             record["kl"] = _finite(float(kl[i]))
         if prompt.images:

@@ -132,7 +132,7 @@ def test_experience_values_advantages_and_returns_equal_a_direct_sum_reference(
     scores = torch.tensor([1.0, 0.0, 0.5, 1.0])
     gamma, lambd, kl_coef = 0.9, 0.8, 0.1
     maker = ExperienceMaker(
-        engine=None,  # type: ignore[arg-type]  # make never touches the engine
+        engine=None,  # make never touches the engine
         decode=lambda ids: "",
         reward=PerSampleReward(name="unused", score=lambda sample: 0.0),
         sampling=SamplingParams(n=1),

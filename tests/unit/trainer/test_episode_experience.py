@@ -170,9 +170,9 @@ def test_logprobs_of_model_tokens_equal_a_plain_forward_and_observations_get_non
 
 def _maker(estimator: str, n: int) -> ExperienceMaker:
     return ExperienceMaker(
-        engine=None,  # type: ignore[arg-type]  # make() never touches the engine
+        engine=None,  # make() never touches the engine
         decode=lambda ids: "",
-        reward=None,  # type: ignore[arg-type]  # nor the reward
+        reward=None,  # nor the reward
         sampling=SamplingParams(n=n),
         estimator=estimator,
         micro_batch_size=4,

@@ -16,6 +16,7 @@ from lrft.api.episodes import EpisodeBudget
 from lrft.api.errors import ConfigError
 from lrft.cli import config_from_args, main
 from lrft.config import TrainConfig
+from lrft.demos.apply import apply_demo_or_preset
 from lrft.dist import RankInfo
 from lrft.trainer.build import build_trainer
 
@@ -117,7 +118,8 @@ def test_an_environment_that_cannot_be_made_is_refused_before_the_process_group(
         save_path=str(tmp_path),
     )
     with pytest.raises(ConfigError, match=message):
-        build_trainer(config, _rank())
+        # as lrft train does: the demo's model and prompts first
+        build_trainer(apply_demo_or_preset(config, rank=0), _rank())
     assert not dist.is_initialized()
 
 

@@ -73,7 +73,7 @@ def test_a_reward_that_raises_names_the_sample_and_its_prompt() -> None:
 
     responses: dict[tuple[int, ...], str] = {(5,): "ok", (6,): "bad"}
     maker = ExperienceMaker(
-        engine=None,  # type: ignore[arg-type]  # scoring never touches the engine
+        engine=None,  # scoring never touches the engine
         decode=lambda ids: responses[tuple(ids)],
         reward=PerSampleReward(name="picky", score=score),
         sampling=SamplingParams(n=2),
@@ -129,7 +129,7 @@ def test_normalised_rewards_of_groups_that_all_score_alike_give_zero_advantages(
     # The running normalisation maps them to 1.38 and -0.69 (float32), whose float32 group
     # means were an ulp off; reinforce_baseline's whitening then made advantages up to 1.25.
     maker = ExperienceMaker(
-        engine=None,  # type: ignore[arg-type]  # make() never touches the engine
+        engine=None,  # make() never touches the engine
         decode=lambda ids: "",
         reward=PerSampleReward(name="unused", score=lambda sample: 0.0),
         sampling=SamplingParams(n=8),

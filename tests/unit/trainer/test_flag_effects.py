@@ -220,6 +220,10 @@ SHOWN_ELSEWHERE: dict[str, str] = {
     "fsdp_reshard_after_forward": "tests/conformance/test_fsdp2.py",
     "fsdp_defer_gradient_sync": "tests/conformance/test_fsdp2.py",
     "deepspeed_config": "tests/conformance/test_deepspeed.py",
+    # a split placement: ranks that train and ranks that roll out
+    "placement": "tests/trainer/test_split_ranks.py::test_one_step_behind_trains_nothing_older",
+    "rollout_world_size": "tests/trainer/test_split_ranks.py::test_one_step_behind_trains_nothing_older",
+    "max_staleness": "tests/trainer/test_split_ranks.py::test_one_step_behind_trains_nothing_older",
     # a backend or sync an installed package registers
     "train_backend": "tests/trainer/test_plugin_backend_torchrun.py::test_lrft_train_trains_with_an_installed_packages_backends",
     "weight_sync": "tests/trainer/test_plugin_backend_torchrun.py::test_lrft_train_trains_with_an_installed_packages_backends",

@@ -174,9 +174,9 @@ def test_a_package_backend_takes_none_of_lrfts_backend_settings(
 
 def _maker(**clips: float) -> ExperienceMaker:
     return ExperienceMaker(
-        engine=None,  # type: ignore[arg-type]  # make() never touches the engine
+        engine=None,  # make() never touches the engine
         decode=str,
-        reward=None,  # type: ignore[arg-type]  # nor the reward
+        reward=None,  # nor the reward
         sampling=SamplingParams(n=2),
         estimator="reinforce",
         micro_batch_size=2,

@@ -237,7 +237,7 @@ class Stream:
             sent = self.sent_digests.resolve()
             if self.held is not None and self.held.digests is not None:
                 sent = {**self.held.digests, **sent}
-            _verify(sent, engine.weights_digest())
+            verify_digests(sent, engine.weights_digest())
             self.verified_digests = sent
             return combine_digests(sent)
         return self._verify_in_place(self.in_place)
@@ -288,7 +288,7 @@ class Stream:
         if not torch.equal(both[0], both[1]):
             assert layout.order is not None
             specs = [layout.specs[name] for name in layout.order]
-            _verify(
+            verify_digests(
                 format_digests(layout.order, specs, both[0]),
                 format_digests(layout.order, specs, both[1]),
             )
@@ -318,7 +318,8 @@ def loads_in_place(load: WeightLoader) -> TypeGuard[InPlaceWeightLoader]:
     return _lends_storage(type(load))
 
 
-def _verify(sent: Mapping[str, str], held: Mapping[str, str]) -> None:
+def verify_digests(sent: Mapping[str, str], held: Mapping[str, str]) -> None:
+    """``WeightSyncError`` naming how many weights the engine holds other than sent, and one."""
     wrong = sorted(name for name, digest in sent.items() if held.get(name) != digest)
     if wrong:
         first = wrong[0]
