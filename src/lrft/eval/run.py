@@ -34,11 +34,12 @@ from lrft.data import PromptSample, eval_indices
 from lrft.dist import RankInfo, all_gather_objects, init_distributed
 from lrft.eval.metrics import PromptResult, by_label, summarize, table
 from lrft.run import checkpoint as ckpt
-from lrft.trainer.build import causal_lm, rollout_stack
+from lrft.trainer.build import causal_lm
 from lrft.trainer.components import train_backend
 from lrft.trainer.experience import ExperienceMaker
 from lrft.trainer.prompts import load_prompts
 from lrft.trainer.rewards import build_reward, check_reward_settings, data_labels
+from lrft.trainer.rollout_stack import rollout_stack
 
 CHECKPOINT_BACKEND_SETTINGS = (
     "train_backend",

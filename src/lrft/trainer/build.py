@@ -3,7 +3,7 @@
 :func:`build_trainer` checks the run's folders, settings and files before any process group
 starts, then builds, in order: the prompts, the train backend and its models (actor, reference,
 critic), the reward, the rollout stack (engine, TP group, experience maker: shared with
-``lrft eval``, :func:`rollout_stack`), the rollout of the configured mode
+``lrft eval``, :mod:`lrft.trainer.rollout_stack`), the rollout of the configured mode
 (:mod:`lrft.trainer.rollout`), the phases, the updates and the run's records. The trainer only
 runs them. The Protocols' implementations come from :mod:`lrft.trainer.components`. A run with
 no model of its own gets the demo's or a preset's first (:mod:`lrft.demos.apply`).
@@ -16,18 +16,17 @@ from pathlib import Path
 
 import attrs
 import torch
-from torch.distributed import ProcessGroup
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from lrft.api.errors import ConfigError
 from lrft.api.optim import SchedulerConfig
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, TrainBackend
-from lrft.api.types import ModelPart, SamplingParams
+from lrft.api.types import ModelPart
 from lrft.backends.registry import engine_facts, import_plugins
 from lrft.backends.train.lora import AdaptersDisabled, apply_lora
 from lrft.config import TrainConfig
 from lrft.data import DistributedPromptSampler, MediaProcessor, PromptDataset
-from lrft.dist import PhaseWatch, RankInfo, RolloutLayout, SplitGroups, init_distributed
+from lrft.dist import PhaseWatch, RankInfo, SplitGroups, init_distributed
 from lrft.models.critic import load_critic
 from lrft.models.media import (
     freeze_audio_tower,
@@ -35,15 +34,13 @@ from lrft.models.media import (
     keep_vision_tower_running,
     load_generative_model,
 )
-from lrft.rewards import RewardFn
 from lrft.run.export import LORA_ADAPTER_DIR, export_hf, export_lora_adapter
 from lrft.run.outputs import claim_outputs
 from lrft.trainer.async_rollout import AsyncRollout
 from lrft.trainer.colocation import Colocation
-from lrft.trainer.components import engine_memory_share, rollout_engine, train_backend, weight_sync
+from lrft.trainer.components import engine_memory_share, train_backend, weight_sync
 from lrft.trainer.critic import CriticUpdate
 from lrft.trainer.episodes import EpisodeRunner
-from lrft.trainer.experience import Decode, ExperienceMaker
 from lrft.trainer.policy import PolicyUpdate, needs_old_logprob_pass
 from lrft.trainer.preflight import check_before_start
 from lrft.trainer.prompts import eval_prompts, load_prompts, planned_iterations
@@ -58,6 +55,7 @@ from lrft.trainer.rollout import (
     RolloutSeeds,
     SingleTurnRollout,
 )
+from lrft.trainer.rollout_stack import decoder, experience_maker, rollout_stack
 from lrft.trainer.trainer import RLTrainer, TrainerParts
 
 ENGINE_SLEEP_LEVEL = 2
@@ -101,56 +99,6 @@ def _policy_model(config: TrainConfig) -> torch.nn.Module:
     return model
 
 
-def rollout_sampling(config: TrainConfig, eos_token_id: int | None) -> SamplingParams:
-    """How training rollouts sample; the engine returns its own logprobs when TIS reads them."""
-    return SamplingParams(
-        n=config.n_samples_per_prompt,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        max_new_tokens=config.generate_max_len,
-        stop_token_ids=() if eos_token_id is None else (int(eos_token_id),),
-        return_logprobs=config.use_tis,
-    )
-
-
-def decoder(tokenizer: PreTrainedTokenizerBase) -> Decode:
-    """Response tokens to text, as the rewards and the records read them."""
-    return lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=True))
-
-
-def experience_maker(
-    config: TrainConfig,
-    *,
-    engine: RolloutEngine | None,
-    decode: Decode,
-    reward: RewardFn | None,
-    device: torch.device,
-    tp_group: ProcessGroup | None,
-    eos_token_id: int | None,
-) -> ExperienceMaker:
-    """The experience maker that ``config`` describes, around already-built components."""
-    return ExperienceMaker(
-        engine=engine,
-        decode=decode,
-        reward=reward,
-        sampling=rollout_sampling(config, eos_token_id),
-        estimator=config.advantage_estimator,
-        micro_batch_size=config.micro_rollout_batch_size,
-        device=device,
-        tp_group=tp_group,
-        kl_coef=config.init_kl_coef,
-        kl_estimator=config.kl_estimator,
-        kl_in_reward=not config.use_kl_loss,
-        normalize_reward=config.normalize_reward,
-        advantage_params=config.advantage_params,
-        first_token_temperature=config.first_token_temperature,
-        overlong_buffer_len=config.overlong_buffer_len,
-        overlong_penalty_factor=config.overlong_factor,
-        reward_clip=config.reward_clip,
-        advantage_clip=config.advantage_clip,
-    )
-
-
 def causal_lm(config: TrainConfig) -> torch.nn.Module:
     """``pretrain``'s generative model (a causal LM, or a vision-language model's
     image-text-to-text class) in fp32 with the configured attention kernel (actor and
@@ -163,47 +111,6 @@ def causal_lm(config: TrainConfig) -> torch.nn.Module:
     )
     keep_vision_tower_running(model)
     return model
-
-
-@attrs.frozen(kw_only=True, eq=False)
-class RolloutStack:
-    """What generates and scores: the engine serving the policy on this rank, its TP group
-    (``None`` at TP 1), and the experience maker around them and the reward."""
-
-    engine: RolloutEngine
-    tp_group: ProcessGroup | None
-    maker: ExperienceMaker
-
-
-def rollout_stack(
-    config: TrainConfig,
-    info: RankInfo,
-    *,
-    pretrain: str,
-    reward: RewardFn,
-    tokenizer: PreTrainedTokenizerBase,
-    device: torch.device,
-    samples_per_prompt: int | None = None,
-) -> RolloutStack:
-    """The engine serving ``pretrain``, its TP group and the experience maker, as ``lrft
-    train`` and ``lrft eval`` both build them; the engine's batches hold
-    ``micro_rollout_batch_size`` prompts of ``samples_per_prompt`` responses (default:
-    ``n_samples_per_prompt``). Collective over the default group."""
-    engine = rollout_engine(pretrain, config, info, samples_per_prompt=samples_per_prompt)
-    tp_group = None
-    if config.engine_tp_size > 1:
-        layout = RolloutLayout(world_size=info.world_size, tp_size=config.engine_tp_size)
-        tp_group = layout.build_groups().tp_group
-    maker = experience_maker(
-        config,
-        engine=engine,
-        decode=decoder(tokenizer),
-        reward=reward,
-        device=device,
-        tp_group=tp_group,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    return RolloutStack(engine=engine, tp_group=tp_group, maker=maker)
 
 
 def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLTrainer:

@@ -20,17 +20,11 @@ from lrft.backends.sync.broadcast import BroadcastSync
 from lrft.config import TrainConfig
 from lrft.data import DistributedPromptSampler
 from lrft.dist import PhaseWatch, RankInfo, SplitGroups, SplitLayout, init_split_distributed
-from lrft.trainer.build import (
-    build_trainer,
-    decoder,
-    experience_maker,
-    prepare_run,
-    prompt_sets,
-    trainer_after_start,
-)
+from lrft.trainer.build import build_trainer, prepare_run, prompt_sets, trainer_after_start
 from lrft.trainer.components import rollout_engine, train_backend, weight_sync
 from lrft.trainer.rewards import build_reward, data_labels
 from lrft.trainer.rollout import RolloutSeeds
+from lrft.trainer.rollout_stack import decoder, experience_maker
 from lrft.trainer.rollout_worker import RolloutWorker, WorkerParts
 from lrft.trainer.trainer import RLTrainer
 

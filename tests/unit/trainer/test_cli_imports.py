@@ -63,4 +63,4 @@ def test_no_import_circle_through(module: str) -> None:
 
 def test_the_graph_sees_imports_inside_functions() -> None:
     # lrft.cli.__init__ imports the trainer's builder inside its main function only
-    assert "lrft.trainer.build" in GRAPH["lrft.cli"]
+    assert "lrft.trainer.split_build" in GRAPH["lrft.cli"]

@@ -25,8 +25,8 @@ from lrft.cli import config_from_args
 from lrft.data import DistributedPromptSampler, PromptSample
 from lrft.rewards import PerSampleReward, RewardOutput
 from lrft.testing.models import tiny_causal_lm
-from lrft.trainer.build import experience_maker, rollout_sampling
 from lrft.trainer.experience import ExperienceMaker, pack_engine_logprobs
+from lrft.trainer.rollout_stack import experience_maker, rollout_sampling
 from lrft.trainer.sampling import ScoredGroups, continuation_seed, refill_groups
 from lrft.trainer.sequences import pack
 
