@@ -346,6 +346,17 @@ def _non_default(name: str) -> list[str]:
         "tools": ["--environment=tool_calls", "--tools", "calculator", "python"],
         "max_turns": ["--environment=tool_calls", "--max_turns=7"],
         "max_episode_tokens": ["--environment=tool_calls", "--max_episode_tokens=77"],
+        # on by default only with max_staleness >= 1 (a computed default)
+        "use_tis": ["--use_tis"],
+        # a split placement needs its rollout ranks and the broadcast sync
+        **{
+            name: ["--placement=split", "--weight_sync=broadcast", *value]
+            for name, value in {
+                "placement": ["--rollout_world_size=1"],
+                "rollout_world_size": ["--rollout_world_size=2"],
+                "max_staleness": ["--rollout_world_size=1", "--max_staleness=1"],
+            }.items()
+        },
     }
     if name in special:
         return special[name]
