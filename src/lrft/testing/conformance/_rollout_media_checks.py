@@ -26,6 +26,7 @@ from lrft.api import (
     EnginePart,
     GenerationRequest,
     GenerationResult,
+    LrftError,
     MediaInputs,
     ProcessedMedia,
     RolloutEngine,
@@ -42,9 +43,9 @@ from lrft.testing.conformance._rollout_common import (
     assert_close_logprobs,
     generate_checked,
     model_weights,
-    rank_check,
     ready_engine,
     require_capability,
+    rollout_check,
 )
 from lrft.testing.reference import (
     load_reference_vlm,
@@ -86,6 +87,7 @@ class MediaKind:
     prompts: tuple[tuple[str, tuple[object, ...]], ...]
     make: Callable[[int, object], Image | AudioClip]
     wrong: str  # the faults the greedy check names
+    reference: str  # how the reference takes the media, for messages
 
 
 def _image(seed: int, spec: object) -> Image:
@@ -106,6 +108,10 @@ IMAGES = MediaKind(
     prompts=MEDIA_PROMPTS,
     make=_image,
     wrong="drops the images, places tokens by 1-D positions, mixes up the requests' images",
+    reference=(
+        "pixel_values and image_grid_thw, the model placing its own positions (Qwen2-VL's 3-D "
+        "m-RoPE)"
+    ),
 )
 AUDIO = MediaKind(
     modality="audio",
@@ -114,6 +120,7 @@ AUDIO = MediaKind(
     prompts=AUDIO_PROMPTS,
     make=_clip,
     wrong="drops the audio features or their mask, mixes up the requests' clips",
+    reference="input_features and feature_attention_mask (Qwen2-Audio's encoder)",
 )
 _KINDS = {kind.modality: kind for kind in (IMAGES, AUDIO)}
 
@@ -179,14 +186,14 @@ def media_prompts(
 
 
 @functools.cache
-def _reference(model_dir: Path, device: torch.device) -> torch.nn.Module:
+def media_reference(model_dir: Path, device: torch.device) -> torch.nn.Module:
     return load_reference_vlm(model_dir, device)
 
 
 def reference_media_greedy(
     model_dir: Path, device: torch.device, prompt: MediaPrompt
 ) -> tuple[int, ...]:
-    model = _reference(model_dir, device)
+    model = media_reference(model_dir, device)
     continuation = media_greedy_continuation(
         model, prompt.processed, prompt.request.prompt_token_ids, NEW_TOKENS
     )
@@ -197,10 +204,31 @@ def _greedy(
     engine: RolloutEngine, prompts: Sequence[MediaPrompt], *, logprobs: bool = False
 ) -> list[GenerationResult]:
     params = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, return_logprobs=logprobs)
-    return generate_checked(engine, [prompt.request for prompt in prompts], params)
+    return generate_media(engine, prompts, params)
 
 
-def _describe(prompt: MediaPrompt) -> str:
+def generate_media(
+    engine: RolloutEngine, prompts: Sequence[MediaPrompt], params: SamplingParams
+) -> list[GenerationResult]:
+    """``generate_checked`` of the prompts' requests. An error from inside the model (a tensor
+    size that does not match, raised by transformers or torch) becomes a failure that names
+    the requests and their media: the engine handed the model media that are not its rows'."""
+    try:
+        return generate_checked(engine, [prompt.request for prompt in prompts], params)
+    except (AssertionError, LrftError):
+        raise
+    except Exception as error:
+        batch = ", ".join(describe(prompt) for prompt in prompts)
+        raise AssertionError(
+            f"generate() of a batch of {len(prompts)} requests with media ({batch}; "
+            f"{params.n} sample(s) each) raised {type(error).__name__} inside the model: "
+            f"{error}. The media tensors the model was given do not match the placeholders of "
+            "the prompts it was given: an engine that splits a batch into chunks must give "
+            "each chunk exactly its own rows' media, in their order"
+        ) from error
+
+
+def describe(prompt: MediaPrompt) -> str:
     noun = _KINDS[prompt.modality].noun
     return f"request {prompt.request.request_id!r} ({prompt.items} {noun}(s))"
 
@@ -216,15 +244,14 @@ def assert_media_matches_reference(
         want = reference_media_greedy(model_dir, device, prompt)
         kind = _KINDS[prompt.modality]
         assert result.output_token_ids == want, (
-            f"{what}: {_describe(prompt)}: the engine gave {result.output_token_ids}, the "
+            f"{what}: {describe(prompt)}: the engine gave {result.output_token_ids}, the "
             f"reference (a plain transformers forward per token with the request's "
-            f"{kind.modality} tensors, the model placing its own positions, Qwen2-VL's 3-D "
-            f"m-RoPE included) gives {want}; an engine that {kind.wrong} or samples a media "
+            f"{kind.reference}) gives {want}; an engine that {kind.wrong} or samples a media "
             "placeholder id differs here"
         )
 
 
-def _media_engine(
+def media_engine(
     kind: MediaKind, suite: Suite, models: EngineModels, device: torch.device
 ) -> RolloutEngine:
     """The suite's engine on ``kind``'s tiny model; a skip naming the modality when the engine
@@ -240,23 +267,23 @@ def _media_engine(
 def _greedy_matches_reference(
     kind: MediaKind, suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
-    engine = _media_engine(kind, suite, models, device)
+    engine = media_engine(kind, suite, models, device)
     folder = kind.folder(models)
     prompts = media_prompts(folder, rank, kind=kind)
     results = _greedy(engine, prompts, logprobs=True)
     assert_media_matches_reference(results, prompts, folder, device, "one mixed batch")
-    model = _reference(folder, device)
+    model = media_reference(folder, device)
     for prompt, result in zip(prompts, results, strict=True):
         if prompt.processed is None:
             continue
         want = media_token_logprobs(model, prompt.processed, result.output_token_ids)
-        assert_close_logprobs(result.logprobs, want, f"{_describe(prompt)} logprobs")
+        assert_close_logprobs(result.logprobs, want, f"{describe(prompt)} logprobs")
 
 
 def _media_change_the_output(
     kind: MediaKind, suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
-    engine = _media_engine(kind, suite, models, device)
+    engine = media_engine(kind, suite, models, device)
     folder = kind.folder(models)
     first = media_prompts(folder, rank, image_seed=0, kind=kind)
     second = media_prompts(folder, rank, image_seed=1, kind=kind)
@@ -277,13 +304,21 @@ def _media_change_the_output(
     for index, (a, b), x, y in zip(with_media, wanted, got_first, got_second, strict=True):
         if a == b:
             continue
+        if x.output_token_ids == y.output_token_ids == a:
+            raise AssertionError(
+                f"{describe(first[index])}: asked again with another {kind.noun} (a later "
+                f"call, the same prompt ids), the engine gave the first {kind.noun}'s output "
+                f"{a} again, where the reference gives {b}: it answered from something cached "
+                f"for the earlier call (results or {kind.noun} features kept by prompt ids, "
+                f"which are equal for two {kind.noun}s of one size)"
+            )
         assert x.output_token_ids != y.output_token_ids, (
-            f"{_describe(first[index])}: two different {kind.noun}s gave the same output "
+            f"{describe(first[index])}: two different {kind.noun}s gave the same output "
             f"{x.output_token_ids}, where the reference gives {a} and {b}: the engine does not "
             f"condition on the {kind.modality}"
         )
         assert (x.output_token_ids, y.output_token_ids) == (a, b), (
-            f"{_describe(first[index])}: the engine gave {x.output_token_ids} and "
+            f"{describe(first[index])}: the engine gave {x.output_token_ids} and "
             f"{y.output_token_ids} for the two {kind.noun}s, the reference {a} and {b}"
         )
 
@@ -291,7 +326,7 @@ def _media_change_the_output(
 def _media_batch_independence(
     kind: MediaKind, suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
-    engine = _media_engine(kind, suite, models, device)
+    engine = media_engine(kind, suite, models, device)
     folder = kind.folder(models)
     prompts = media_prompts(folder, rank, kind=kind)
     for prompt in prompts:
@@ -310,7 +345,7 @@ def _media_batch_independence(
 def _media_outputs_survive_the_lifecycle(
     kind: MediaKind, suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
-    engine = _media_engine(kind, suite, models, device)
+    engine = media_engine(kind, suite, models, device)
     folder = kind.folder(models)
     prompts = media_prompts(folder, rank, kind=kind)
     weights = list(model_weights(folder).items())
@@ -336,7 +371,7 @@ def _media_outputs_survive_the_lifecycle(
 # --- the checks, per modality ----------------------------------------------------------------
 
 
-@rank_check
+@rollout_check
 def check_image_greedy_matches_reference(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -345,7 +380,7 @@ def check_image_greedy_matches_reference(
     _greedy_matches_reference(IMAGES, suite, models, rank, device)
 
 
-@rank_check
+@rollout_check
 def check_images_change_the_output(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -354,7 +389,7 @@ def check_images_change_the_output(
     _media_change_the_output(IMAGES, suite, models, rank, device)
 
 
-@rank_check
+@rollout_check
 def check_image_batch_independence(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -363,7 +398,7 @@ def check_image_batch_independence(
     _media_batch_independence(IMAGES, suite, models, rank, device)
 
 
-@rank_check
+@rollout_check
 def check_image_outputs_survive_the_lifecycle(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -372,7 +407,7 @@ def check_image_outputs_survive_the_lifecycle(
     _media_outputs_survive_the_lifecycle(IMAGES, suite, models, rank, device)
 
 
-@rank_check
+@rollout_check
 def check_audio_greedy_matches_reference(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -381,7 +416,7 @@ def check_audio_greedy_matches_reference(
     _greedy_matches_reference(AUDIO, suite, models, rank, device)
 
 
-@rank_check
+@rollout_check
 def check_audio_changes_the_output(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -390,7 +425,7 @@ def check_audio_changes_the_output(
     _media_change_the_output(AUDIO, suite, models, rank, device)
 
 
-@rank_check
+@rollout_check
 def check_audio_batch_independence(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -399,7 +434,7 @@ def check_audio_batch_independence(
     _media_batch_independence(AUDIO, suite, models, rank, device)
 
 
-@rank_check
+@rollout_check
 def check_audio_outputs_survive_the_lifecycle(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:

@@ -20,6 +20,7 @@ import attrs
 import torch
 from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
+from hypothesis.errors import Flaky
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     invariant,
@@ -31,6 +32,7 @@ from hypothesis.stateful import (
 from lrft.api import (
     CapabilityNotSupported,
     EngineAsleepError,
+    EngineCapabilities,
     EnginePart,
     EngineState,
     GenerationRequest,
@@ -44,11 +46,11 @@ from lrft.api.protocols import NamedTensors
 from lrft.testing.conformance._rollout_common import (
     EngineModels,
     model_weights,
-    rank_check,
     rank_prompts,
     ready_engine,
     reference_digests,
     reference_greedy,
+    rollout_check,
 )
 
 if TYPE_CHECKING:
@@ -101,11 +103,20 @@ class _Expected:
 class EngineLifecycleMachine(RuleBasedStateMachine):
     """Drive ``engine`` through random lifecycles; build one per run (see ``run_lifecycle``)."""
 
-    def __init__(self, engine: RolloutEngine, expectations: LifecycleExpectations) -> None:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        expectations: LifecycleExpectations,
+        declared: EngineCapabilities | None = None,
+    ) -> None:
         super().__init__()
         self.engine = engine
         self.expect = expectations
-        self.levels = engine.capabilities.sleep_levels
+        # What the engine declared when the search began: the rules it enables must not change
+        # while hypothesis replays a sequence (an engine whose capabilities change fails the
+        # invariant below instead).
+        self.declared = engine.capabilities if declared is None else declared
+        self.levels = self.declared.sleep_levels
         self.next_version = 100
         engine.wake()
         engine.load_weights(expectations.weights["base"], version=self.next_version)
@@ -187,7 +198,7 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
     def load_weights(self, which: str, complete: bool) -> None:
         self._load(which, complete, in_place=False)
 
-    @precondition(lambda self: "loads_in_place" in self.engine.capabilities.names())
+    @precondition(lambda self: self.declared.loads_in_place)
     @rule(which=st.sampled_from(["base", "other"]), complete=st.booleans())
     def load_in_place(self, which: str, complete: bool) -> None:
         self._load(which, complete, in_place=True)
@@ -224,6 +235,13 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
             model.held, model.version, model.needs_complete_update = which, version, False
         elif not model.needs_complete_update:
             model.version = version
+
+    @invariant()
+    def capabilities_stay_declared(self) -> None:
+        assert self.engine.capabilities == self.declared, (
+            f"the engine's capabilities changed from {self.declared} to "
+            f"{self.engine.capabilities}: they are what it can do, not what state it is in"
+        )
 
     @invariant()
     def state_is_as_expected(self) -> None:
@@ -266,15 +284,27 @@ def run_lifecycle(
         suppress_health_check=[HealthCheck.too_slow],
     )
 
+    declared = engine.capabilities
+
     class Machine(EngineLifecycleMachine):
         # hypothesis builds a fresh machine per run; the engine is shared and reset in __init__.
         def __init__(self) -> None:
-            super().__init__(engine, expectations)
+            super().__init__(engine, expectations, declared)
 
-    run_state_machine_as_test(Machine, settings=budget)
+    try:
+        run_state_machine_as_test(Machine, settings=budget)
+    except Flaky as error:
+        raise AssertionError(
+            f"the {engine.name} engine answered the same steps differently when hypothesis "
+            f"replayed them ({type(error).__name__}): what it does depends on something the "
+            "steps do not set, which the machine cannot reproduce: state kept from earlier runs "
+            "that wake() and a complete load_weights() do not reset (a cache, a call counter), "
+            "or randomness in what it reports. The steps of the first failure, and "
+            f"hypothesis's report: {error}"
+        ) from error
 
 
-@rank_check
+@rollout_check
 def check_lifecycle_state_machine(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
