@@ -158,7 +158,7 @@ def rank_check(check: RankCheck) -> SuiteCheck:
             rank = 0
         _RUNNING = check.__name__
         try:
-            with _one_thread_on_cpu(device):
+            with one_thread_on_cpu(device):
                 check(suite, models, rank, device)
         finally:
             _RUNNING = None
@@ -170,7 +170,7 @@ _RUNNING: str | None = None  # the check running in this process, for set-up mes
 
 
 @contextlib.contextmanager
-def _one_thread_on_cpu(device: torch.device) -> Iterator[None]:
+def one_thread_on_cpu(device: torch.device) -> Iterator[None]:
     # The test models are tiny: one thread computes them fastest, and several OpenMP threads
     # spinning on CPU cores that other processes share slowed these checks 8-13x (measured).
     if device.type != "cpu":

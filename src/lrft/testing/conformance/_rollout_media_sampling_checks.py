@@ -16,7 +16,7 @@ from lrft.testing.conformance._rollout_common import (
     assert_close_logprobs,
     rollout_check,
 )
-from lrft.testing.conformance._rollout_media_checks import (
+from lrft.testing.conformance._rollout_media_common import (
     AUDIO,
     IMAGES,
     MediaKind,
@@ -80,8 +80,8 @@ def _sampled_with_media(
         assert_close_logprobs(
             result.logprobs,
             want,
-            f"{where} (logprobs against the reference with the request's {kind.reference}: "
-            f"an engine that samples without the {kind.modality} differs here)",
+            f"{where}, against the reference with the request's {kind.reference} (an engine "
+            f"that samples without the {kind.modality} differs here)",
         )
 
 

@@ -22,7 +22,8 @@ from lrft.api import (
 )
 from lrft.api.digest import tensor_digests
 from lrft.testing.conformance._registry import SYNC_CHECKS
-from lrft.testing.conformance._rollout_media_checks import (
+from lrft.testing.conformance._rollout_common import one_thread_on_cpu
+from lrft.testing.conformance._rollout_media_common import (
     AUDIO,
     IMAGES,
     MediaKind,
@@ -50,6 +51,10 @@ from lrft.testing.reference import (
     model_with_weights,
 )
 
+#: greedy tokens decoded after each sync of a media source (the reference recomputes the media
+#: tower for every token)
+SERVED_TOKENS = 6
+
 
 @attrs.frozen(kw_only=True)
 class SyncMediaModels:
@@ -68,6 +73,11 @@ def check_outputs_follow_a_streamed_sync(suite: Suite, model_dir: Path) -> None:
     """An engine that generated before a sync decodes after it as the trainer's weights: no
     result or prefix cache of the old weights outlives the sync, which loads through the
     streaming ``weight_update`` (an engine may clear its caches on ``load_weights`` only)."""
+    with one_thread_on_cpu(current_rank_context().device):
+        _outputs_follow_a_streamed_sync(suite, model_dir)
+
+
+def _outputs_follow_a_streamed_sync(suite: Suite, model_dir: Path) -> None:
     source = trained_source(suite)
     weights = _gathered(source)
     device = current_rank_context().device
@@ -99,6 +109,10 @@ def check_outputs_follow_a_streamed_sync(suite: Suite, model_dir: Path) -> None:
             f"tokens {after} differ from those of a plain model holding the trainer's weights, "
             f"{after_want}{stale}"
         )
+
+
+def _tower(kind: MediaKind) -> str:
+    return "vision tower" if kind.modality == "images" else "audio tower"
 
 
 def _media_parts(names: Sequence[str]) -> list[str]:
@@ -155,11 +169,11 @@ def _assert_engine_holds(
         differ = sorted(name for name in towers if got.get(name) != expected[name])
         if differ:
             raise AssertionError(
-                f"{what}: {label} shows the engine's {kind.noun} tower and projector are not "
+                f"{what}: {label} shows the engine's {_tower(kind)} and its projector are not "
                 f"the trainer's: {len(differ)} of their {len(towers)} tensors differ, e.g. "
                 f"{differ[:3]}, which training changed since the last sync; a sync that sends "
-                f"the language model's weights only leaves the engine's {kind.noun} tower as it "
-                "was, and verifying only what it sent cannot see it"
+                f"the language model's weights only leaves the engine's {_tower(kind)} as it was, "
+                "and verifying only what it sent cannot see it"
             )
         _assert_digests(got, expected, f"{what}: {label}")
 
@@ -168,22 +182,21 @@ def _assert_serves(
     engine: RolloutEngine,
     folder: Path,
     weights: Mapping[str, torch.Tensor],
-    prompts: Sequence[MediaPrompt],
+    prompt: MediaPrompt,
     what: str,
 ) -> None:
     model = _reference_with(folder, weights)
-    params = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS)
-    results = engine.generate([p.request for p in prompts], params)
-    for prompt, result in zip(prompts, results, strict=True):
-        want = tuple(
-            media_greedy_continuation(
-                model, prompt.processed, prompt.request.prompt_token_ids, NEW_TOKENS
-            )
+    params = SamplingParams(temperature=0.0, max_new_tokens=SERVED_TOKENS)
+    [result] = engine.generate([prompt.request], params)
+    want = tuple(
+        media_greedy_continuation(
+            model, prompt.processed, prompt.request.prompt_token_ids, SERVED_TOKENS
         )
-        assert result.output_token_ids == want, (
-            f"{what}: {describe(prompt)}: the engine's greedy tokens {result.output_token_ids} "
-            f"differ from those of a plain model holding the trainer's weights, {want}"
-        )
+    )
+    assert result.output_token_ids == want, (
+        f"{what}: {describe(prompt)}: the engine's greedy tokens {result.output_token_ids} "
+        f"differ from those of a plain model holding the trainer's weights, {want}"
+    )
 
 
 def _media_source_syncs(suite: Suite, kind: MediaKind, folder: Path) -> str | None:
@@ -196,14 +209,15 @@ def _media_source_syncs(suite: Suite, kind: MediaKind, folder: Path) -> str | No
     with engine:
         if kind.modality not in engine.capabilities.names():
             return f"{engine.name} engine lacks capability {kind.modality}"
-        prompts = media_prompts(folder, current_rank_context().rank, kind=kind)[:2]
+        # the first prompt holds one image or clip: trained on, and decoded after each sync
+        prompt = media_prompts(folder, current_rank_context().rank, kind=kind)[0]
         source = suite.make_train_backend().prepare_trainable(
             suite.make_media_source_model(kind.modality), optimizer=OptimizerConfig(lr=1e-2)
         )
         sync = suite.make_sync(16 * 1024)
         previous = _gathered(source)
         for version in (1, 2):
-            _train_with_media(source, prompts[0])
+            _train_with_media(source, prompt)
             weights = _gathered(source)
             moved = [
                 n for n in _media_parts(list(weights)) if not torch.equal(weights[n], previous[n])
@@ -213,13 +227,13 @@ def _media_source_syncs(suite: Suite, kind: MediaKind, folder: Path) -> str | No
                 "tower and projector weights: the check would prove nothing (a fault of the "
                 "suite or of the train backend)"
             )
-            what = f"after sync {version} of a {kind.modality} source"
+            what = f"after sync {version} of a {_tower(kind).split()[0]}-language source"
             sync.sync(source, engine, version=version)
             assert engine.weights_version == version, (
                 f"{what}: the engine reports version {engine.weights_version}"
             )
             _assert_engine_holds(suite, engine, weights, kind, what)
-            _assert_serves(engine, folder, weights, prompts, what)
+            _assert_serves(engine, folder, weights, prompt, what)
             previous = weights
     return None
 
@@ -231,10 +245,11 @@ def check_media_towers_follow_each_sync(suite: Suite, media: SyncMediaModels) ->
     digest and backdoor equal the trainer's weights, the tower and projector included, and it
     decodes prompts with media as a plain model holding them. Skipped for an engine that serves
     neither modality."""
-    lacking = [
-        why
-        for kind in (IMAGES, AUDIO)
-        if (why := _media_source_syncs(suite, kind, media.folder(kind))) is not None
-    ]
+    with one_thread_on_cpu(current_rank_context().device):
+        lacking = [
+            why
+            for kind in (IMAGES, AUDIO)
+            if (why := _media_source_syncs(suite, kind, media.folder(kind))) is not None
+        ]
     if len(lacking) == 2:
         pytest.skip("; ".join(lacking))

@@ -13,11 +13,13 @@ each step, so a failure prints the calls that reproduce it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
 import torch
+import torch.distributed as dist
 from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Flaky
@@ -64,6 +66,44 @@ RESIDENT, PARKED, RELEASED = (
 )
 
 
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def _failed_anywhere(failed_here: bool) -> bool:
+    """Whether this step failed on any rank of the default process group (this rank's answer
+    where there is none). A machine that failed on one rank only would go on (hypothesis
+    shrinks the failing run) calling collectives of a TP engine that the other ranks, done,
+    never call: every rank's machine must fail at the same step, and then shrinks alike."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return failed_here
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    flag = torch.tensor([int(failed_here)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _agreed(method: F) -> F:
+    """A rule or invariant that fails on every rank when it fails on one."""
+
+    @functools.wraps(method)
+    def step(self: EngineLifecycleMachine, *args: Any, **kwargs: Any) -> None:
+        try:
+            method(self, *args, **kwargs)
+        except Exception as error:
+            self.failures.append(f"{type(error).__name__}: {error}")
+            _failed_anywhere(True)
+            raise
+        if _failed_anywhere(False):
+            raise AssertionError(
+                f"{method.__name__} failed on another rank (its report says why): every rank's "
+                "machine stops at that step, so that the ranks stay in step"
+            )
+
+    return cast(F, step)
+
+
 @attrs.frozen(kw_only=True)
 class LifecycleExpectations:
     """What the machine compares with, per weight set (``"base"`` and ``"other"``): the tensors
@@ -108,9 +148,12 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
         engine: RolloutEngine,
         expectations: LifecycleExpectations,
         declared: EngineCapabilities | None = None,
+        failures: list[str] | None = None,
     ) -> None:
         super().__init__()
         self.engine = engine
+        # every failure of a step, across runs: a report of a flaky search starts with the first
+        self.failures = [] if failures is None else failures
         self.expect = expectations
         # What the engine declared when the search began: the rules it enables must not change
         # while hypothesis replays a sequence (an engine whose capabilities change fails the
@@ -137,6 +180,7 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
         )
 
     @rule()
+    @_agreed
     def generate(self) -> None:
         note("generate(greedy)")
         model = self.model
@@ -154,10 +198,14 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
             assert model.held is not None, "internal: a fresh engine holds a known weight set"
             got = [r.output_token_ids for r in self.engine.generate(requests, params)]
             want = list(self.expect.greedy[model.held])
-            assert got == want, f"greedy tokens {got}, reference of {model.held!r}: {want}"
+            assert got == want, (
+                f"greedy tokens of the prompts {list(self.expect.prompts)}: the engine gave {got}, "
+                f"the reference decode of the {model.held!r} weights it holds gives {want}"
+            )
 
     @precondition(lambda self: bool(self.levels))
     @rule(level=st.sampled_from([1, 2]))
+    @_agreed
     def sleep(self, level: int) -> None:
         note(f"sleep({level})")
         if level not in self.levels:
@@ -178,6 +226,7 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
             model.weights = parked_or_kept
 
     @rule(parts=st.sampled_from([(WEIGHTS,), (KV_CACHE,), (WEIGHTS, KV_CACHE)]))
+    @_agreed
     def wake(self, parts: Collection[EnginePart]) -> None:
         note(f"wake({[part.value for part in parts]})")
         model = self.model
@@ -195,11 +244,13 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
             model.kv_cache_resident = True
 
     @rule(which=st.sampled_from(["base", "other"]), complete=st.booleans())
+    @_agreed
     def load_weights(self, which: str, complete: bool) -> None:
         self._load(which, complete, in_place=False)
 
     @precondition(lambda self: self.declared.loads_in_place)
     @rule(which=st.sampled_from(["base", "other"]), complete=st.booleans())
+    @_agreed
     def load_in_place(self, which: str, complete: bool) -> None:
         self._load(which, complete, in_place=True)
 
@@ -237,6 +288,7 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
             model.version = version
 
     @invariant()
+    @_agreed
     def capabilities_stay_declared(self) -> None:
         assert self.engine.capabilities == self.declared, (
             f"the engine's capabilities changed from {self.declared} to "
@@ -244,6 +296,7 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
         )
 
     @invariant()
+    @_agreed
     def state_is_as_expected(self) -> None:
         want = self.model.state()
         assert self.engine.state == want, f"engine state {self.engine.state}, expected {want}"
@@ -253,6 +306,7 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
         )
 
     @invariant()
+    @_agreed
     def digest_is_of_the_held_weights(self) -> None:
         if self.model.weights is not RESIDENT:
             self._fails_with(EngineAsleepError, self.engine.weights_digest, "weights_digest()")
@@ -285,11 +339,12 @@ def run_lifecycle(
     )
 
     declared = engine.capabilities
+    failures: list[str] = []
 
     class Machine(EngineLifecycleMachine):
         # hypothesis builds a fresh machine per run; the engine is shared and reset in __init__.
         def __init__(self) -> None:
-            super().__init__(engine, expectations, declared)
+            super().__init__(engine, expectations, declared, failures)
 
     try:
         run_state_machine_as_test(Machine, settings=budget)
@@ -299,8 +354,8 @@ def run_lifecycle(
             f"replayed them ({type(error).__name__}): what it does depends on something the "
             "steps do not set, which the machine cannot reproduce: state kept from earlier runs "
             "that wake() and a complete load_weights() do not reset (a cache, a call counter), "
-            "or randomness in what it reports. The steps of the first failure, and "
-            f"hypothesis's report: {error}"
+            "randomness in what it reports, or capabilities that change. Its first failure: "
+            f"{failures[0] if failures else '(none recorded)'}. Hypothesis's report: {error}"
         ) from error
 
 
