@@ -7,7 +7,6 @@ pass on the intact engine; the last test here shows each fault slips past the ol
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -24,7 +23,7 @@ from lrft.testing.conformance.rollout import (
     shutdown_cached_engines,
 )
 from lrft.testing.reference import token_distributions
-from tests.conformance.test_engine_suite_teeth import BrokenEngineSuite, suite_of
+from tests.conformance.test_engine_suite_teeth import assert_check_fails, suite_of
 
 CPU = torch.device("cpu")
 
@@ -208,6 +207,10 @@ class CachesResultsByPrompt(HFRolloutEngine):
 class SplitsMediaByTheWrongRows(HFRolloutEngine):
     """Decodes in chunks of 2 rows but hands each chunk the media of its rows in reverse."""
 
+    def __init__(self, model: torch.nn.Module, *, config: HFEngineConfig | None = None) -> None:
+        chunks = attrs.evolve(config or HFEngineConfig(), max_batch_size=2)
+        super().__init__(model, config=chunks)
+
     def _generate_chunk(self, prompts: Any, limits: Any, params: Any, media: Any) -> Any:
         return super()._generate_chunk(prompts, limits, params, list(media)[::-1])
 
@@ -360,19 +363,6 @@ def engine_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineMo
     shutdown_cached_engines()
 
 
-class _InChunksOfTwo(BrokenEngineSuite):
-    engine_class = SplitsMediaByTheWrongRows
-
-    @classmethod
-    def make_engine(cls, model_dir: Path, device: torch.device) -> HFRolloutEngine:
-        config = HFEngineConfig(device=device, max_batch_size=2)
-        return cls.engine_class.from_pretrained(model_dir, config=config)
-
-
-def _suite(engine_class: type[HFRolloutEngine]) -> type[BrokenEngineSuite]:
-    return _InChunksOfTwo if engine_class is SplitsMediaByTheWrongRows else suite_of(engine_class)
-
-
 @pytest.mark.parametrize(
     ("engine_class", "check", "message"),
     CASES,
@@ -385,8 +375,7 @@ def test_check_fails_broken_engine(
     engine_models: EngineModels,
 ) -> None:
     CountsItsCalls.calls = 0
-    with pytest.raises(AssertionError, match=message):
-        check(_suite(engine_class), engine_models, CPU)
+    assert_check_fails(engine_class, check, message, engine_models)
 
 
 def test_each_fault_passes_the_older_checks(engine_models: EngineModels) -> None:

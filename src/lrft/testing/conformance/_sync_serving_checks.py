@@ -46,7 +46,6 @@ from lrft.testing.distributed import current_rank_context
 from lrft.testing.reference import (
     greedy_continuation,
     load_reference_model,
-    load_reference_vlm,
     media_greedy_continuation,
     model_with_weights,
 )
@@ -140,19 +139,6 @@ def _train_with_media(source: TrainableModel, prompt: MediaPrompt) -> None:
     assert not report.skipped, f"a training step of the media source was skipped: {report}"
 
 
-def _reference_with(folder: Path, weights: Mapping[str, torch.Tensor]) -> torch.nn.Module:
-    model = load_reference_vlm(folder)
-    names = {name for name, _ in model.named_parameters()}
-    assert names == set(weights), (
-        f"the source's full_weights names differ from the model's parameters: missing "
-        f"{sorted(names - set(weights))[:4]}, unexpected {sorted(set(weights) - names)[:4]}"
-    )
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            parameter.copy_(weights[name].to(torch.float32))
-    return model
-
-
 def _assert_engine_holds(
     suite: Suite,
     engine: RolloutEngine,
@@ -185,7 +171,7 @@ def _assert_serves(
     prompt: MediaPrompt,
     what: str,
 ) -> None:
-    model = _reference_with(folder, weights)
+    model = model_with_weights(folder, weights)
     params = SamplingParams(temperature=0.0, max_new_tokens=SERVED_TOKENS)
     [result] = engine.generate([prompt.request], params)
     want = tuple(
