@@ -31,7 +31,13 @@ from lrft.dist import RolloutLayout, all_gather_objects, tp_group_generate
 from lrft.testing.conformance import rollout as checks
 from lrft.testing.conformance.expect import raises
 from lrft.testing.conformance.rollout import RolloutEngineSuite, make_engine_models
-from lrft.testing.distributed import DistributedSuite, RankFailure, RankPool, current_rank_context
+from lrft.testing.distributed import (
+    DistributedSuite,
+    RankFailure,
+    RankPool,
+    current_rank_context,
+    shared_pool,
+)
 from lrft.testing.models import save_tiny_causal_lm
 
 
@@ -200,3 +206,40 @@ class TestTPDivergence(DistributedSuite):
             r"distribution gives",
         ):
             SharedLogitsSuite().run_check(pool, checks.check_unseeded_sampling, models)
+
+
+class WrongOnRankOne(HelperTPEngine):
+    """Hands rank 1 its greedy tokens reversed (an off-by-one in a TP engine's slicing hurts
+    one rank's requests only)."""
+
+    def generate(
+        self, requests: Sequence[GenerationRequest], params: SamplingParams
+    ) -> list[GenerationResult]:
+        results = super().generate(requests, params)
+        if dist.get_rank() != 1:
+            return results
+        return [attrs.evolve(r, output_token_ids=r.output_token_ids[::-1]) for r in results]
+
+
+class WrongOnRankOneSuite(TestHelperTPEngineWorld2):
+    engine_class = WrongOnRankOne
+
+
+def test_a_state_machine_failing_on_one_rank_fails_every_rank_at_once(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Hypothesis shrinks a failing run with more engine calls, which are collective for a TP
+    engine: the other rank's machine stops at the same step and says so, rather than waiting in
+    a collective (then reported as hung and its pool killed, or, had it finished first, leaving
+    the failing rank to wait until the pool's timeout)."""
+    models = make_engine_models(tmp_path_factory.mktemp("one-rank-models"))
+    start = time.monotonic()
+    with pytest.raises(
+        RankFailure,
+        match=r"(?s)rank 0 raised AssertionError: generate failed on another rank.*rank 1 raised "
+        r"AssertionError: greedy tokens of the prompts",
+    ):
+        WrongOnRankOneSuite().run_check(
+            shared_pool(2), checks.check_lifecycle_state_machine, models
+        )
+    assert time.monotonic() - start < 120.0
