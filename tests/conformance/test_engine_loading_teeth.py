@@ -175,9 +175,9 @@ def test_an_engine_broken_by_one_test_does_not_fail_the_next(engine_models: Engi
     their own."""
     pool, suite = shared_pool(1), StuckAfterDeepSleepSuite()
     with pytest.raises(RankFailure, match=r"RuntimeError: stuck: this engine cannot wake"):
-        suite.test_level_2_stale_until_loaded(pool, engine_models)
-    suite.test_greedy_matches_reference(pool, engine_models)
-    suite.test_load_other_weights(pool, engine_models)
+        suite.run_check(pool, checks.check_level_2_stale_until_loaded, engine_models)
+    suite.run_check(pool, checks.check_greedy_matches_reference, engine_models)
+    suite.run_check(pool, checks.check_load_other_weights, engine_models)
 
 
 def test_subclass_budget_reaches_the_state_machine(

@@ -27,6 +27,7 @@ from lrft.api import (
 )
 from lrft.api.protocols import NamedTensors
 from lrft.backends.sync import DirectSync
+from lrft.testing.conformance import sync as sync_checks
 from lrft.testing.conformance.sync import LoaderProxy
 from lrft.testing.distributed import DistributedSuite, RankFailure, RankPool, shared_pool
 from lrft.testing.models import save_tiny_causal_lm
@@ -207,8 +208,8 @@ class TestSyncSuiteTeethWorld1(DistributedSuite):
             match=r"report\.verified is True, but the sync does not declare the capability "
             r"verifies_digest",
         ):
-            ClaimsVerificationSuite().test_sync_after_training_matches_trainer_and_reference(
-                pool, model_dir
+            ClaimsVerificationSuite().run_check(
+                pool, sync_checks.check_sync_after_training, model_dir
             )
 
     def test_a_declared_verification_must_catch_corruption(
@@ -220,7 +221,7 @@ class TestSyncSuiteTeethWorld1(DistributedSuite):
             match=r"a verifying sync through CorruptInTransit \(Perturbs the first tensor of "
             r"every loaded batch, as a faulty transport would\) did not raise WeightSyncError",
         ):
-            suite.test_corruption_in_transit_fails_and_leaves_engine_stale(pool, model_dir)
+            suite.run_check(pool, sync_checks.check_corruption_detected, model_dir)
 
     def test_a_digest_of_something_else_fails(self, pool: RankPool, model_dir: Path) -> None:
         with pytest.raises(
@@ -228,8 +229,8 @@ class TestSyncSuiteTeethWorld1(DistributedSuite):
             match=r"report\.digest is '[0-9a-f]{32}', but combine_digests\(\) of the digests of "
             r"what was sent \(cast to the engine's dtypes\) is '[0-9a-f]{32}'",
         ):
-            DigestsTheOldWeightsSuite().test_sync_after_training_matches_trainer_and_reference(
-                pool, model_dir
+            DigestsTheOldWeightsSuite().run_check(
+                pool, sync_checks.check_sync_after_training, model_dir
             )
 
     def test_one_engine_call_per_tensor_fails(self, pool: RankPool, model_dir: Path) -> None:
@@ -238,8 +239,8 @@ class TestSyncSuiteTeethWorld1(DistributedSuite):
             match=r"the sync made 27 calls into the engine to load \d+ buckets \(27 tensors\): "
             r"at most one per bucket",
         ):
-            LoadsTensorByTensorSuite().test_sync_after_training_matches_trainer_and_reference(
-                pool, model_dir
+            LoadsTensorByTensorSuite().run_check(
+                pool, sync_checks.check_sync_after_training, model_dir
             )
 
     def test_a_stream_left_undrained_fails(self, pool: RankPool, model_dir: Path) -> None:
@@ -247,7 +248,9 @@ class TestSyncSuiteTeethWorld1(DistributedSuite):
             RankFailure,
             match=r"the sync raised after taking 1 of \d+ buckets: it must take the whole stream",
         ):
-            RaisesMidStreamSuite().test_failed_stream_never_leaves_engine_fresh(pool, model_dir)
+            RaisesMidStreamSuite().run_check(
+                pool, sync_checks.check_failing_source_drains, model_dir
+            )
 
     def test_tied_weights_sent_twice_fail(self, pool: RankPool, tied_model_dir: Path) -> None:
         with pytest.raises(
@@ -255,16 +258,18 @@ class TestSyncSuiteTeethWorld1(DistributedSuite):
             match=r"syncing a model whose input and output embeddings are tied failed: the engine "
             r"has no weight 'lm_head\.weight'",
         ):
-            SendsTiedWeightsTwiceSuite().test_tied_embeddings(pool, tied_model_dir)
+            SendsTiedWeightsTwiceSuite().run_check(
+                pool, sync_checks.check_tied_embeddings, tied_model_dir
+            )
 
     def test_a_verifying_sync_that_never_writes_in_place_is_not_failed(
         self, pool: RankPool, model_dir: Path
     ) -> None:
         suite = VerifiesWithoutWritingInPlaceSuite()
         with pytest.raises(pytest.skip.Exception, match=r"the sync never wrote in place"):
-            suite.test_in_place_writes_that_miss_fail_and_leave_engine_stale(pool, model_dir)
-        suite.test_sync_after_training_matches_trainer_and_reference(pool, model_dir)
-        suite.test_corruption_in_transit_fails_and_leaves_engine_stale(pool, model_dir)
+            suite.run_check(pool, sync_checks.check_misdirected_writes_detected, model_dir)
+        suite.run_check(pool, sync_checks.check_sync_after_training, model_dir)
+        suite.run_check(pool, sync_checks.check_corruption_detected, model_dir)
 
 
 def test_failure_on_one_rank_that_leaves_the_stream_undrained_names_it(model_dir: Path) -> None:
@@ -276,6 +281,6 @@ def test_failure_on_one_rank_that_leaves_the_stream_undrained_names_it(model_dir
         match=r"(?s)failed on 1 of 2 ranks \(raised: 0\).*the sync raised after taking 1 of \d+ "
         r"buckets",
     ):
-        RaisesMidStreamSuite().test_failure_on_one_group_drains_and_leaves_the_others_fresh(
-            shared_pool(2), model_dir
+        RaisesMidStreamSuite().run_check(
+            shared_pool(2), sync_checks.check_failure_on_one_group_drains, model_dir
         )

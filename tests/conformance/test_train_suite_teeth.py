@@ -30,6 +30,7 @@ from lrft.api import (
     TrainableModel,
     TrainCapabilities,
 )
+from lrft.testing.conformance import train as train_checks
 from lrft.testing.conformance.train import TrainBackendSuite
 from lrft.testing.distributed import DistributedSuite, RankFailure, RankPool
 
@@ -256,15 +257,15 @@ class _ReshardsWithoutOptimizer(_Replica):
 class TestTrainSuiteTeeth(DistributedSuite):
     world_size = 2
 
-    def test_correct_replica_passes(self, pool: RankPool, tmp_path: Path) -> None:
+    def test_correct_replica_passes(self, pool: RankPool) -> None:
         suite = _Replica()
-        suite.test_training_matches_reference(pool)
-        suite.test_full_weights_are_complete_exact_and_bucketed(pool)
-        suite.test_non_finite_gradient_skips_step(pool)
-        suite.test_deferred_gradient_sync_matches_one_batch(pool)
-        suite.test_every_schedule_kind_past_warm_up(pool)
-        suite.test_training_without_clipping_matches_reference(pool)
-        suite.test_checkpoint_loads_at_another_world_size(pool, tmp_path)
+        suite.run_check(pool, train_checks.check_training_matches_reference)
+        suite.run_check(pool, train_checks.check_full_weights_are_complete_exact_and_bucketed)
+        suite.run_check(pool, train_checks.check_non_finite_gradient_skips_step)
+        suite.run_check(pool, train_checks.check_deferred_gradient_sync_matches_one_batch)
+        suite.run_check(pool, train_checks.check_every_schedule_kind_past_warm_up)
+        suite.run_check(pool, train_checks.check_training_without_clipping_matches_reference)
+        train_checks.check_checkpoint_loads_at_another_world_size(_Replica, pool)
 
     @pytest.mark.parametrize(
         ("suite", "message"),
@@ -296,28 +297,30 @@ class TestTrainSuiteTeeth(DistributedSuite):
         self, pool: RankPool, suite: type[_Replica], message: str
     ) -> None:
         with pytest.raises(RankFailure, match=message):
-            suite().test_every_schedule_kind_past_warm_up(pool)
+            suite().run_check(pool, train_checks.check_every_schedule_kind_past_warm_up)
 
     def test_unclipped_parity_catches_a_gradient_of_the_wrong_scale(self, pool: RankPool) -> None:
         # Clipped, the summed gradient is scaled to the same norm as the mean, so the parity
         # test passes, and the norm reported is the mean's: only clipping off shows the fault.
-        _SumsGradients().test_training_matches_reference(pool)
+        _SumsGradients().run_check(pool, train_checks.check_training_matches_reference)
         with pytest.raises(
             RankFailure,
             match=r"parameters after 2 steps without gradient clipping \(max_grad_norm=0\) differ "
             r"from the single-process reference: max abs diff \d\.\d+e-0[1-4]",
         ):
-            _SumsGradients().test_training_without_clipping_matches_reference(pool)
+            _SumsGradients().run_check(
+                pool, train_checks.check_training_without_clipping_matches_reference
+            )
 
-    def test_resharding_test_catches_a_lost_optimizer_state(
-        self, pool: RankPool, tmp_path: Path
-    ) -> None:
+    def test_resharding_test_catches_a_lost_optimizer_state(self, pool: RankPool) -> None:
         with pytest.raises(
             RankFailure,
             match=r"parameters after loading a world-2 checkpoint at world 1 and 2 more steps "
             r"differ from the single-process reference: max abs diff \d\.\d+e-0[1-4]",
         ):
-            _ReshardsWithoutOptimizer().test_checkpoint_loads_at_another_world_size(pool, tmp_path)
+            train_checks.check_checkpoint_loads_at_another_world_size(
+                _ReshardsWithoutOptimizer, pool
+            )
 
     def test_parity_catches_missing_gradient_all_reduce(self, pool: RankPool) -> None:
         with pytest.raises(
@@ -325,19 +328,23 @@ class TestTrainSuiteTeeth(DistributedSuite):
             match=r"parameters after 3 steps differ from the single-process reference: "
             r"max abs diff \d\.\d+e-0[1-4] in ",
         ):
-            _NoAllReduce().test_training_matches_reference(pool)
+            _NoAllReduce().run_check(pool, train_checks.check_training_matches_reference)
 
     def test_full_weights_catches_a_dropped_tensor(self, pool: RankPool) -> None:
         with pytest.raises(RankFailure, match=r"missing \['lm_head\.weight'\]"):
-            _DropsATensor().test_full_weights_are_complete_exact_and_bucketed(pool)
+            _DropsATensor().run_check(
+                pool, train_checks.check_full_weights_are_complete_exact_and_bucketed
+            )
 
     def test_skip_test_catches_a_step_on_nan(self, pool: RankPool) -> None:
         with pytest.raises(RankFailure, match=r"a NaN gradient did not skip the step"):
-            _StepsOnNaN().test_non_finite_gradient_skips_step(pool)
+            _StepsOnNaN().run_check(pool, train_checks.check_non_finite_gradient_skips_step)
 
     def test_deferred_sync_test_catches_a_lost_micro_batch(self, pool: RankPool) -> None:
         with pytest.raises(
             RankFailure,
             match=r"step 0: StepReport\.grad_norm is [\d.]+, the reference's global gradient norm",
         ):
-            _DropsDeferred().test_deferred_gradient_sync_matches_one_batch(pool)
+            _DropsDeferred().run_check(
+                pool, train_checks.check_deferred_gradient_sync_matches_one_batch
+            )

@@ -144,6 +144,12 @@ class ProcessedMedia:
                     f"{modality!r}: {count!r}"
                 )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A mappingproxy does not pickle, and a TP group's ranks gather their requests by
+        # pickling them (``lrft.dist.tp_group_generate``): rebuilt from plain dicts.
+        fields = (self.prompt_token_ids, dict(self.tensors), dict(self.token_tensors))
+        return (_processed_media, (*fields, dict(self.counts)))
+
     def continued(self, tokens: Sequence[int]) -> ProcessedMedia:
         """The same media after a prompt extended by text ``tokens`` (a continuation request:
         a prompt and the first tokens of its response); per-token tensors get zeros (text)."""
@@ -157,6 +163,20 @@ class ProcessedMedia:
             },
             counts=self.counts,
         )
+
+
+def _processed_media(
+    prompt_token_ids: tuple[int, ...],
+    tensors: dict[str, torch.Tensor],
+    token_tensors: dict[str, torch.Tensor],
+    counts: dict[str, int],
+) -> ProcessedMedia:
+    return ProcessedMedia(
+        prompt_token_ids=prompt_token_ids,
+        tensors=tensors,
+        token_tensors=token_tensors,
+        counts=counts,
+    )
 
 
 @attrs.frozen(kw_only=True, eq=False)

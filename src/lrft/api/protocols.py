@@ -267,7 +267,10 @@ class RolloutEngine(Protocol):
     One engine per rank. An engine with tensor parallelism spans one TP group of a
     ``RolloutLayout``: then ``generate``, ``sleep``, ``wake``, ``load_weights`` and
     ``weight_update`` are collective over that TP group, every rank passing its own requests to
-    ``generate`` and the same weights to the loads. With TP 1 nothing is collective, unless the
+    ``generate`` with the same ``SamplingParams`` (the group makes one call: equal params, the
+    seed included, as ``lrft.dist.tp_group_generate`` requires; an engine may refuse params
+    that differ, on every rank of the group alike) and the same weights to the loads. Without
+    a seed the ranks of a group still draw the same token for each row. With TP 1 nothing is collective, unless the
     engine says otherwise: an engine whose TP groups step together (vLLM's data parallelism)
     makes ``generate`` collective over all of them, so every rank calls it equally often, with or
     without requests.

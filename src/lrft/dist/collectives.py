@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
 
+import attrs
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions
@@ -106,15 +107,40 @@ def tp_group_generate(
     and each rank keeps the slice that belongs to its own requests, in their order. Each returned
     result is checked against its request's prompt, so an engine that reorders results fails here
     rather than silently pairing completions with the wrong prompts.
+
+    The group makes one call, so its ranks pass equal ``params`` (the seed included: unseeded,
+    the ranks of an SPMD engine would draw from their own random streams). Params that differ
+    raise ``LrftError`` on every rank of the group alike, naming the ranks and the fields, before
+    anything is generated.
     """
     if group is None or dist.get_world_size(group) == 1:
         return _checked(generate(requests, params), requests, params)
-    per_rank = all_gather_objects(list(requests), group)
-    everything = [request for rank_requests in per_rank for request in rank_requests]
+    per_rank = all_gather_objects((list(requests), params), group)
+    _check_equal_params([rank_params for _, rank_params in per_rank], group)
+    everything = [request for rank_requests, _ in per_rank for request in rank_requests]
     results = _checked(generate(everything, params), everything, params)
     me = dist.get_rank(group)
-    start = sum(len(rank_requests) for rank_requests in per_rank[:me]) * params.n
+    start = sum(len(rank_requests) for rank_requests, _ in per_rank[:me]) * params.n
     return results[start : start + len(requests) * params.n]
+
+
+def _check_equal_params(per_rank: Sequence[SamplingParams], group: dist.ProcessGroup) -> None:
+    """Every rank of ``group`` sees the same gathered list, so all raise or none does."""
+    first = per_rank[0]
+    ranks = dist.get_process_group_ranks(group)
+    for rank, params in zip(ranks, per_rank, strict=True):
+        if params != first:
+            fields = [
+                f"{field.name} {getattr(params, field.name)!r} (rank {ranks[0]}: "
+                f"{getattr(first, field.name)!r})"
+                for field in attrs.fields(SamplingParams)
+                if getattr(params, field.name) != getattr(first, field.name)
+            ]
+            raise LrftError(
+                f"the ranks of TP group {ranks} passed different SamplingParams to one generate: "
+                f"rank {rank} passed {', '.join(fields)}. A TP group makes one call: pass every "
+                "rank of it equal parameters, the seed included"
+            )
 
 
 def _checked(

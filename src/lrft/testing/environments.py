@@ -11,7 +11,10 @@ their length limit), and checks the contract of ``lrft.api.episodes``:
 - any turn gets a :class:`~lrft.api.StepResult` (finite reward, observation ids inside the
   vocabulary), never an exception: the random episodes run to their end under the budget;
 - with ``deterministic=True``, the same task and turns give the same observations, rewards and
-  ends on a fresh instance.
+  ends on a fresh instance, and each task's episode (with your turns, and with fixed random
+  ones) gives the same alone, among every other task's episodes (as a trainer's batch runs
+  them, interleaved turn by turn) and again after them: instances that share state (one
+  episode rewarded for another's answer) fail.
 
 A failure raises :class:`EnvironmentCheckError` saying which rule broke, on which task and turn.
 Use it from a test::
@@ -167,6 +170,105 @@ def _same(first: Episode, second: Episode) -> bool:
     )
 
 
+def _difference(alone: Episode, other: Episode) -> str:
+    """Where ``other`` first departs from ``alone``: a turn's tokens, reward or observation, or
+    the end."""
+    for index, (a, b) in enumerate(zip(alone.turns, other.turns, strict=False)):
+        if alone.turn_token_ids(index) != other.turn_token_ids(index):
+            return f"turn {index}'s tokens differ"
+        if a.reward != b.reward:
+            return f"turn {index} is rewarded {b.reward} where alone it was rewarded {a.reward}"
+        if (a.observation_length, a.start) != (b.observation_length, b.start):
+            return f"turn {index}'s observation differs"
+    if len(alone.turns) != len(other.turns) or alone.end != other.end:
+        return (
+            f"it ends after {len(other.turns)} turns ({other.end}) where alone it ended after "
+            f"{len(alone.turns)} ({alone.end})"
+        )
+    return "its tokens differ"
+
+
+def _fixed_random_turns(
+    tasks: Sequence[EpisodeTask], highest: int, seed: int
+) -> list[list[list[int]]]:
+    """Per task, per turn, token ids drawn once, so the same turns can be played again."""
+    turns = []
+    for index in range(len(tasks)):
+        rng = random.Random(seed * 7919 + index)
+        turns.append(
+            [[rng.randrange(highest) for _ in range(rng.randint(1, 12))] for _ in range(8)]
+        )
+    return turns
+
+
+Script = Callable[[int, int, Sequence[int]], Sequence[int]]
+
+
+def _as_task(play: Script, task: int) -> Script:
+    """``play``'s turns of task ``task`` for an episode that is task 0 of a run of its own."""
+    return lambda _task, index, context: play(task, index, context)
+
+
+def _check_isolation(
+    make: Callable[[], Environment],
+    tasks: Sequence[EpisodeTask],
+    script: Script | None,
+    budget: EpisodeBudget,
+    stop_token_ids: Sequence[int],
+    fixed: Sequence[Sequence[Sequence[int]]],
+) -> None:
+    """Each task's episodes (your turns, fixed random ones) alone, then all of them together in
+    one run of the driver, then alone again: every run of the same turns must give the same
+    episode. The random turns of a task run first, before any other of its episodes."""
+
+    def fixed_turn(task: int, index: int, _context: Sequence[int]) -> Sequence[int]:
+        return fixed[task % len(tasks)][index % len(fixed[task % len(tasks)])]
+
+    scripts: list[tuple[str, Script]] = [("fixed random turns", fixed_turn)]
+    if script is not None:
+        scripts.append(("your turns", script))
+
+    def alone_run(play: Script, index: int) -> Episode:
+        return _episodes(make, [tasks[index]], _as_task(play, index), budget, stop_token_ids)[0]
+
+    alone = {
+        (kind, index): alone_run(play, index)
+        for kind, play in scripts
+        for index in range(len(tasks))
+    }
+    together_tasks = [task for _ in scripts for task in tasks]
+
+    def together_turn(position: int, index: int, context: Sequence[int]) -> Sequence[int]:
+        _, play = scripts[position // len(tasks)]
+        return play(position % len(tasks), index, context)
+
+    together = _episodes(make, together_tasks, together_turn, budget, stop_token_ids)
+    for episode in together:
+        kind = scripts[episode.task_index // len(tasks)][0]
+        index = episode.task_index % len(tasks)
+        if not _same(alone[kind, index], episode):
+            raise EnvironmentCheckError(
+                f"task {index} ({tasks[index].task_id!r}) with {kind}: the same turns gave "
+                "another episode among the other tasks' episodes (one run of the driver, "
+                f"interleaved) than alone: {_difference(alone[kind, index], episode)}. {_SHARED}"
+            )
+    for index, task in enumerate(tasks):
+        again = alone_run(fixed_turn, index)
+        if not _same(alone["fixed random turns", index], again):
+            first = alone["fixed random turns", index]
+            raise EnvironmentCheckError(
+                f"task {index} ({task.task_id!r}) with fixed random turns: the same turns gave "
+                "another episode after every task's episodes than alone before them: "
+                f"{_difference(first, again)}. {_SHARED}"
+            )
+
+
+_SHARED = (
+    "An episode must depend on its task and turns only: instances that share state (class or "
+    "module attributes, a cache) let one episode see another's answers"
+)
+
+
 @attrs.frozen(kw_only=True)
 class EnvironmentCheckReport:
     """The episodes the check ran: ``scripted`` with your turns, ``random`` with random ones."""
@@ -196,6 +298,17 @@ def check_environment(
         raise ValueError("check_environment needs at least one task")
     budget = budget or EpisodeBudget(max_turns=4, max_total_tokens=512, max_turn_tokens=32)
     _check_reset(make, tasks)
+    highest = vocab_size or 1 + max(max(make().reset(t).prompt_token_ids) for t in tasks)
+    if deterministic:
+        user = script
+        _check_isolation(
+            make,
+            tasks,
+            None if user is None else lambda t, i, context: user(tasks[t], i, context),
+            budget,
+            stop_token_ids,
+            _fixed_random_turns(tasks, highest, seed),
+        )
     scripted: list[Episode] = []
     if script is not None:
         user_script = script
@@ -217,7 +330,6 @@ def check_environment(
                         f"task {episode.task_index}: the same turns gave another episode"
                     )
     rng = random.Random(seed)
-    highest = vocab_size or 1 + max(max(make().reset(t).prompt_token_ids) for t in tasks)
 
     def random_turn(_task: int, _index: int, _context: Sequence[int]) -> Sequence[int]:
         tokens = [rng.randrange(highest) for _ in range(rng.randint(1, 40))]

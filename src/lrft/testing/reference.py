@@ -26,8 +26,12 @@ def load_reference_model(model_dir: Path, device: torch.device | str = "cpu") ->
 
 
 def model_with_weights(model_dir: Path, weights: Mapping[str, torch.Tensor]) -> PreTrainedModel:
-    """The architecture in ``model_dir`` with every parameter replaced by ``weights`` (fp32)."""
-    model = load_reference_model(model_dir)
+    """The architecture in ``model_dir`` with every parameter replaced by ``weights`` (fp32): a
+    causal LM, or a vision- or audio-language model where the folder holds its processor."""
+    if (model_dir / "processor_config.json").is_file():
+        model = load_reference_vlm(model_dir)
+    else:
+        model = load_reference_model(model_dir)
     names = {name for name, _ in model.named_parameters()}
     if set(weights) != names:
         raise ValueError(

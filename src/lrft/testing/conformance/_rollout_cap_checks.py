@@ -12,10 +12,11 @@ from lrft.testing.conformance._rollout_common import (
     NEW_TOKENS,
     EngineModels,
     generate_checked,
-    rank_check,
+    group_leader,
     rank_prompts,
     ready_engine,
     reference_greedy,
+    rollout_check,
 )
 
 if TYPE_CHECKING:
@@ -25,13 +26,16 @@ if TYPE_CHECKING:
 _CAPS = (None, 5, 1, NEW_TOKENS + 4)
 
 
-@rank_check
+@rollout_check
 def check_request_caps(suite: Suite, models: EngineModels, rank: int, device: torch.device) -> None:
     """A request's ``max_new_tokens`` caps each of its samples (``length`` at the cap), a cap
     above the call's limit changes nothing, a stop id before the cap still stops, and
     ``min_new_tokens`` applies up to the cap."""
     engine = ready_engine(suite, models, device)
-    prompts = rank_prompts(rank)[: len(_CAPS)]
+    # the second prompt (whose greedy tokens give the stop id) is the TP group leader's on
+    # every rank of the group: the group passes equal parameters
+    own = rank_prompts(rank)
+    prompts = (own[0], rank_prompts(group_leader(suite, rank))[1], *own[2 : len(_CAPS)])
     requests = [
         GenerationRequest(prompt_token_ids=prompt, request_id=f"r{i}", max_new_tokens=cap)
         for i, (prompt, cap) in enumerate(zip(prompts, _CAPS, strict=True))

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 import attrs
 import pytest
@@ -30,9 +31,10 @@ from lrft.api import (
 )
 from lrft.api.digest import tensor_digests
 from lrft.testing.audio_models import save_tiny_audio_lm
+from lrft.testing.conformance._registry import ROLLOUT_CHECKS
 from lrft.testing.conformance._rollout_hooks import RolloutEngineHooks
 from lrft.testing.distributed import current_rank_context
-from lrft.testing.models import save_tiny_causal_lm
+from lrft.testing.models import VOCAB_SIZE, save_tiny_causal_lm
 from lrft.testing.reference import load_reference_model, load_reference_vlm
 from lrft.testing.vision_models import save_tiny_vlm
 
@@ -55,7 +57,9 @@ LOGPROB_TOLERANCE = 1e-5
 class EngineModels:
     """Hugging Face folders of one architecture: the engine serves ``base_dir``; ``other_dir``
     holds different weights (another seed) to load into it; ``tied_base_dir`` and
-    ``tied_other_dir`` are the same with tied input and output embeddings."""
+    ``tied_other_dir`` are the same with tied input and output embeddings; ``eos_dir`` holds
+    ``base_dir``'s weights under a config that declares half the vocabulary its EOS ids
+    (``EOS_IDS``), which an engine must not stop at."""
 
     base_dir: Path
     other_dir: Path
@@ -63,6 +67,7 @@ class EngineModels:
     tied_other_dir: Path
     vlm_dir: Path
     audio_dir: Path
+    eos_dir: Path
 
 
 def make_engine_models(root: Path, heads: tuple[int, int] = (4, 2)) -> EngineModels:
@@ -85,7 +90,27 @@ def make_engine_models(root: Path, heads: tuple[int, int] = (4, 2)) -> EngineMod
         for prefix in ("", "tied_")
         for label, seed in (("base", 0), ("other", 1))
     }
-    return EngineModels(**folders, vlm_dir=vlm_dir, audio_dir=audio_dir)
+    eos_dir = declare_eos_ids(
+        save_tiny_causal_lm(root / "eos", seed=0, num_attention_heads=q, num_key_value_heads=kv),
+        EOS_IDS,
+    )
+    return EngineModels(**folders, vlm_dir=vlm_dir, audio_dir=audio_dir, eos_dir=eos_dir)
+
+
+#: the EOS ids ``EngineModels.eos_dir`` declares: every even id from 4 (about half of what the
+#: test models generate), so an engine that stops at its model's EOS stops within a few tokens
+EOS_IDS = tuple(range(4, VOCAB_SIZE, 2))
+
+
+def declare_eos_ids(model_dir: Path, eos_ids: Sequence[int]) -> Path:
+    """Make ``model_dir``'s ``config.json`` and ``generation_config.json`` declare ``eos_ids``
+    as the model's EOS ids (what transformers, vLLM and tokenizers read as where a model ends)."""
+    for name in ("config.json", "generation_config.json"):
+        path = model_dir / name
+        settings = json.loads(path.read_text()) if path.is_file() else {}
+        settings["eos_token_id"] = list(eos_ids)
+        path.write_text(json.dumps(settings, indent=2) + "\n")
+    return model_dir
 
 
 # --- where a check runs -------------------------------------------------------------------------
@@ -102,9 +127,26 @@ class SuiteCheck(Protocol):
     ) -> None: ...
 
 
-def rank_check(check: Callable[[Suite, EngineModels, int, torch.device], None]) -> SuiteCheck:
-    """Make ``check(suite, models, rank, device)`` a ``SuiteCheck``. While it runs, set-up
-    failures name it (see ``ready_engine``)."""
+RankCheck = Callable[[Suite, EngineModels, int, torch.device], None]
+
+
+@overload
+def rollout_check(check: RankCheck, /) -> SuiteCheck: ...
+@overload
+def rollout_check(*, last: bool = False) -> Callable[[RankCheck], SuiteCheck]: ...
+def rollout_check(
+    check: RankCheck | None = None, /, *, last: bool = False
+) -> SuiteCheck | Callable[[RankCheck], SuiteCheck]:
+    """Make ``check_<what>(suite, models, rank, device)`` a ``SuiteCheck`` and register it: the
+    ``RolloutEngineSuite`` runs it as ``test_<what>`` (``last``: after every other check). While
+    it runs, set-up failures name it (see ``ready_engine``)."""
+    if check is None:
+        return lambda function: ROLLOUT_CHECKS.options(last=last)(rank_check(function))
+    return ROLLOUT_CHECKS(rank_check(check))
+
+
+def rank_check(check: RankCheck) -> SuiteCheck:
+    """Make ``check(suite, models, rank, device)`` a ``SuiteCheck`` (not registered)."""
 
     @functools.wraps(check)
     def run(suite: Suite, models: EngineModels, device: torch.device | None = None) -> None:
@@ -116,7 +158,7 @@ def rank_check(check: Callable[[Suite, EngineModels, int, torch.device], None]) 
             rank = 0
         _RUNNING = check.__name__
         try:
-            with _one_thread_on_cpu(device):
+            with one_thread_on_cpu(device):
                 check(suite, models, rank, device)
         finally:
             _RUNNING = None
@@ -128,7 +170,7 @@ _RUNNING: str | None = None  # the check running in this process, for set-up mes
 
 
 @contextlib.contextmanager
-def _one_thread_on_cpu(device: torch.device) -> Iterator[None]:
+def one_thread_on_cpu(device: torch.device) -> Iterator[None]:
     # The test models are tiny: one thread computes them fastest, and several OpenMP threads
     # spinning on CPU cores that other processes share slowed these checks 8-13x (measured).
     if device.type != "cpu":
@@ -145,6 +187,13 @@ def _one_thread_on_cpu(device: torch.device) -> Iterator[None]:
 def rank_prompts(rank: int) -> tuple[tuple[int, ...], ...]:
     """``PROMPTS`` shifted per rank, so that ranks of one pool do not all compute the same."""
     return tuple(tuple((token - 3 + 29 * rank) % 253 + 3 for token in p) for p in PROMPTS)
+
+
+def group_leader(suite: Suite, rank: int) -> int:
+    """The first rank of ``rank``'s TP group (``suite.tp_size`` consecutive ranks). The ranks
+    of a TP group pass equal ``SamplingParams`` (the contract: the group makes one call), so a
+    setting a check derives from prompts (a stop id) is derived from the leader's."""
+    return rank - rank % suite.tp_size
 
 
 def requests_for(prompts: Sequence[Sequence[int]]) -> list[GenerationRequest]:

@@ -28,13 +28,14 @@ from lrft.testing.conformance._rollout_common import (
     backdoor_digests,
     generate_checked,
     greedy_outputs,
-    rank_check,
+    group_leader,
     rank_prompts,
     ready_engine,
     reference_greedy,
     reference_model,
     requests_for,
     require_capability,
+    rollout_check,
 )
 from lrft.testing.conformance.expect import raises
 from lrft.testing.models import VOCAB_SIZE
@@ -49,7 +50,7 @@ _PROTOCOL_MEMBERS = sorted(
 )
 
 
-@rank_check
+@rollout_check
 def check_protocol_surface(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -87,7 +88,7 @@ def check_protocol_surface(
     )
 
 
-@rank_check
+@rollout_check
 def check_greedy_matches_reference(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -97,7 +98,7 @@ def check_greedy_matches_reference(
     assert_matches_reference(got, prompts, models.base_dir, device, "greedy batch")
 
 
-@rank_check
+@rollout_check
 def check_greedy_logprobs(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -111,7 +112,7 @@ def check_greedy_logprobs(
         assert_close_logprobs(result.logprobs, want, f"greedy, prompt {result.prompt_token_ids}")
 
 
-@rank_check
+@rollout_check
 def check_max_new_tokens(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -142,14 +143,16 @@ def _stop_position(continuation: tuple[int, ...]) -> int:
     return max(j for j in range(len(continuation)) if continuation[j] not in continuation[:j])
 
 
-@rank_check
+@rollout_check
 def check_stop_token_ids(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
     """One stop id, the same among several (listed after one that never comes), and as the last
     token ``max_new_tokens`` allows (where the output still ends with reason ``stop``)."""
     engine = ready_engine(suite, models, device)
-    prompts = rank_prompts(rank)
+    # the stop ids come from the first prompt of the TP group's leader, which every rank of
+    # the group sends first: the group passes equal parameters
+    prompts = (rank_prompts(group_leader(suite, rank))[0], *rank_prompts(rank)[1:])
     continuation, _ = reference_greedy(models.base_dir, device, prompts[0])
     position = _stop_position(continuation)
     assert position >= 2, f"the reference continuation {continuation} repeats too early"
@@ -174,12 +177,13 @@ def check_stop_token_ids(
             )
 
 
-@rank_check
+@rollout_check
 def check_min_new_tokens(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
     engine = ready_engine(suite, models, device)
-    prompt = rank_prompts(rank)[1]
+    # the TP group's leader's prompt on every rank of the group: its stop id is the group's
+    prompt = rank_prompts(group_leader(suite, rank))[1]
     stop = reference_greedy(models.base_dir, device, prompt)[0][0]
     [immediate] = greedy_outputs(engine, [prompt], stop_token_ids=(stop,))
     assert immediate == ((stop,), "stop"), (
@@ -199,7 +203,7 @@ def check_min_new_tokens(
     )
 
 
-@rank_check
+@rollout_check
 def check_batch_independence(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -222,7 +226,7 @@ def check_batch_independence(
     )
 
 
-@rank_check
+@rollout_check
 def check_uneven_requests(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -240,7 +244,7 @@ def check_uneven_requests(
         )
 
 
-@rank_check
+@rollout_check
 def check_media_gated(suite: Suite, models: EngineModels, rank: int, device: torch.device) -> None:
     """A request with a modality the engine does not declare (``images``, ``audio``) is refused
     with ``CapabilityNotSupported`` naming it, before any work, and changes nothing."""

@@ -17,11 +17,11 @@ from lrft.testing.conformance._rollout_common import (
     backdoor_digests,
     greedy_outputs,
     model_weights,
-    rank_check,
     rank_prompts,
     ready_engine,
     reference_digests,
     require_capability,
+    rollout_check,
     version_of,
 )
 from lrft.testing.conformance.expect import raises
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from lrft.testing.conformance._rollout_common import Suite
 
 
-@rank_check
+@rollout_check
 def check_in_place_capability_matches_loader(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -45,7 +45,7 @@ def check_in_place_capability_matches_loader(
     )
 
 
-@rank_check
+@rollout_check
 def check_in_place_load_serves_what_was_written(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -94,7 +94,7 @@ def check_in_place_load_serves_what_was_written(
     )
 
 
-@rank_check
+@rollout_check
 def check_lending_counts_as_loading(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -122,7 +122,7 @@ def check_lending_counts_as_loading(
     )
 
 
-@rank_check
+@rollout_check
 def check_in_place_loader_refuses_misuse(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:

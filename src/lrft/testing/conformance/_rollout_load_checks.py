@@ -25,11 +25,11 @@ from lrft.testing.conformance._rollout_common import (
     first_differing_tensor,
     greedy_outputs,
     model_weights,
-    rank_check,
     rank_prompts,
     ready_engine,
     reference_digests,
     reference_greedy,
+    rollout_check,
     version_of,
 )
 from lrft.testing.conformance._rollout_weight_checks import generate_raises
@@ -55,7 +55,7 @@ def _reference_outputs(
     return outputs
 
 
-@rank_check
+@rollout_check
 def check_load_other_weights(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -110,7 +110,7 @@ def _bad_batches(other: list[tuple[str, torch.Tensor]]) -> dict[str, tuple[str, 
     }
 
 
-@rank_check
+@rollout_check
 def check_bad_batch_changes_nothing(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -141,7 +141,7 @@ def check_bad_batch_changes_nothing(
     assert_matches_reference(got, prompts, models.base_dir, device, "after refused batches")
 
 
-@rank_check
+@rollout_check
 def check_weight_update_stream(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -190,7 +190,7 @@ def _fail_after_copying(engine: RolloutEngine, batch: NamedTensors, *, version: 
         raise RuntimeError("failed after copying")
 
 
-@rank_check
+@rollout_check
 def check_outputs_follow_every_load(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -238,7 +238,9 @@ def _write_in_place(engine: RolloutEngine, weights: NamedTensors, *, version: in
             target.copy_(tensor)
 
 
-@rank_check
+# Last: it builds an engine of its own (the tied model), and an engine that allows one instance
+# per process then has to rebuild the suite's cached one for any later check.
+@rollout_check(last=True)
 def check_load_tied_weights(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:

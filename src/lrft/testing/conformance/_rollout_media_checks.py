@@ -12,251 +12,67 @@ tokens, and the messages say which request and what was expected.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
-from pathlib import Path
-
-import attrs
-import pytest
 import torch
 
-from lrft.api import (
-    AudioClip,
-    CapabilityNotSupported,
-    EnginePart,
-    GenerationRequest,
-    GenerationResult,
-    MediaInputs,
-    ProcessedMedia,
-    RolloutEngine,
-    SamplingParams,
-)
-from lrft.api.media import Image, Modality
-from lrft.data.processor import MediaProcessor
-from lrft.testing.audio_models import tone
+from lrft.api import EnginePart
 from lrft.testing.conformance._rollout_common import (
     BASE_VERSION,
-    NEW_TOKENS,
     EngineModels,
     Suite,
     assert_close_logprobs,
-    generate_checked,
     model_weights,
-    rank_check,
-    ready_engine,
-    require_capability,
+    rollout_check,
 )
-from lrft.testing.reference import (
-    load_reference_vlm,
-    media_greedy_continuation,
-    media_token_logprobs,
+from lrft.testing.conformance._rollout_media_common import (
+    AUDIO,
+    AUDIO_PROMPTS,
+    IMAGES,
+    MEDIA_PROMPTS,
+    MediaKind,
+    MediaPrompt,
+    assert_media_matches_reference,
+    describe,
+    greedy_media,
+    media_engine,
+    media_prompts,
+    media_reference,
+    reference_media_greedy,
 )
-from lrft.testing.vision_models import noise_image
+from lrft.testing.reference import media_token_logprobs
 
-PLACE = "<|vision_start|><|image_pad|><|vision_end|>"
-AUDIO_PLACE = "<|audio_bos|><|AUDIO|><|audio_eos|>"
-
-#: (prompt text, image sizes) of the image requests: 1, 0, 2 and 1 images; the first and the
-#: last have images of one size, so swapping them between the two changes no shape
-MEDIA_PROMPTS: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = (
-    (f"u:{PLACE}what;a:", ((56, 56),)),
-    ("u:no image here;a:", ()),
-    (f"u:{PLACE}and{PLACE};a:", ((28, 28), (84, 56))),
-    (f"u:{PLACE}again;a:", ((56, 56),)),
-)
-
-#: (prompt text, clip lengths in seconds) of the audio requests: 1, 0, 2 and 1 clips; the
-#: first and the last of one length (7 audio tokens each)
-AUDIO_PROMPTS: tuple[tuple[str, tuple[float, ...]], ...] = (
-    (f"u:{AUDIO_PLACE}what;a:", (0.3,)),
-    ("u:no sound here;a:", ()),
-    (f"u:{AUDIO_PLACE}and{AUDIO_PLACE};a:", (0.1, 0.5)),
-    (f"u:{AUDIO_PLACE}again;a:", (0.3,)),
-)
-
-
-@attrs.frozen(kw_only=True)
-class MediaKind:
-    """One modality as the checks use it: its capability, the model folder that takes it, its
-    requests' texts with one item spec per placeholder, and how an item is made from a seed."""
-
-    modality: Modality
-    noun: str
-    folder: Callable[[EngineModels], Path]
-    prompts: tuple[tuple[str, tuple[object, ...]], ...]
-    make: Callable[[int, object], Image | AudioClip]
-    wrong: str  # the faults the greedy check names
-
-
-def _image(seed: int, spec: object) -> Image:
-    assert isinstance(spec, tuple), f"an image spec is (width, height), got {spec!r}"
-    width, height = spec
-    return noise_image(seed, width, height)
-
-
-def _clip(seed: int, spec: object) -> AudioClip:
-    assert isinstance(spec, float), f"a clip spec is its length in seconds, got {spec!r}"
-    return tone(seed, spec)
-
-
-IMAGES = MediaKind(
-    modality="images",
-    noun="image",
-    folder=lambda models: models.vlm_dir,
-    prompts=MEDIA_PROMPTS,
-    make=_image,
-    wrong="drops the images, places tokens by 1-D positions, mixes up the requests' images",
-)
-AUDIO = MediaKind(
-    modality="audio",
-    noun="audio clip",
-    folder=lambda models: models.audio_dir,
-    prompts=AUDIO_PROMPTS,
-    make=_clip,
-    wrong="drops the audio features or their mask, mixes up the requests' clips",
-)
-_KINDS = {kind.modality: kind for kind in (IMAGES, AUDIO)}
-
-
-@attrs.frozen(kw_only=True, eq=False)
-class MediaPrompt:
-    """One request of the media checks and what the reference makes of it."""
-
-    request: GenerationRequest
-    processed: ProcessedMedia | None  # None for the text-only prompt
-    modality: Modality = "images"
-
-    @property
-    def images(self) -> int:
-        return self.items
-
-    @property
-    def items(self) -> int:
-        return 0 if self.request.media is None else self.request.media.count(self.modality)
-
-
-@functools.cache
-def _processor(model_dir: Path) -> MediaProcessor:
-    return MediaProcessor.from_pretrained(model_dir)
-
-
-def media_prompts(
-    model_dir: Path, rank: int, *, image_seed: int = 0, kind: MediaKind = IMAGES
-) -> list[MediaPrompt]:
-    """``kind``'s prompts (``MEDIA_PROMPTS`` for images, ``AUDIO_PROMPTS`` for audio) with
-    noise images or tone clips drawn from ``rank`` and ``image_seed``."""
-    processor = _processor(model_dir)
-    prompts = []
-    for index, (text, specs) in enumerate(kind.prompts):
-        items = [
-            kind.make(1000 * rank + 100 * image_seed + 10 * index + k, spec)
-            for k, spec in enumerate(specs)
-        ]
-        request_id = f"m{index}"
-        if not items:
-            ids = processor.tokenizer.encode(text)
-            prompts.append(
-                MediaPrompt(
-                    request=GenerationRequest(prompt_token_ids=ids, request_id=request_id),
-                    processed=None,
-                    modality=kind.modality,
-                )
-            )
-            continue
-        if kind.modality == "audio":
-            clips = [item for item in items if isinstance(item, AudioClip)]
-            processed = processor.process(text, audio=clips)
-            media = MediaInputs(audio=clips, processed=processed)
-        else:
-            images = [item for item in items if not isinstance(item, AudioClip)]
-            processed = processor.process(text, images=images)
-            media = MediaInputs(images=images, processed=processed)
-        request = GenerationRequest(
-            prompt_token_ids=processed.prompt_token_ids, request_id=request_id, media=media
-        )
-        prompts.append(MediaPrompt(request=request, processed=processed, modality=kind.modality))
-    return prompts
-
-
-@functools.cache
-def _reference(model_dir: Path, device: torch.device) -> torch.nn.Module:
-    return load_reference_vlm(model_dir, device)
-
-
-def reference_media_greedy(
-    model_dir: Path, device: torch.device, prompt: MediaPrompt
-) -> tuple[int, ...]:
-    model = _reference(model_dir, device)
-    continuation = media_greedy_continuation(
-        model, prompt.processed, prompt.request.prompt_token_ids, NEW_TOKENS
-    )
-    return tuple(continuation)
-
-
-def _greedy(
-    engine: RolloutEngine, prompts: Sequence[MediaPrompt], *, logprobs: bool = False
-) -> list[GenerationResult]:
-    params = SamplingParams(temperature=0.0, max_new_tokens=NEW_TOKENS, return_logprobs=logprobs)
-    return generate_checked(engine, [prompt.request for prompt in prompts], params)
-
-
-def _describe(prompt: MediaPrompt) -> str:
-    noun = _KINDS[prompt.modality].noun
-    return f"request {prompt.request.request_id!r} ({prompt.items} {noun}(s))"
-
-
-def assert_media_matches_reference(
-    results: Sequence[GenerationResult],
-    prompts: Sequence[MediaPrompt],
-    model_dir: Path,
-    device: torch.device,
-    what: str,
-) -> None:
-    for prompt, result in zip(prompts, results, strict=True):
-        want = reference_media_greedy(model_dir, device, prompt)
-        kind = _KINDS[prompt.modality]
-        assert result.output_token_ids == want, (
-            f"{what}: {_describe(prompt)}: the engine gave {result.output_token_ids}, the "
-            f"reference (a plain transformers forward per token with the request's "
-            f"{kind.modality} tensors, the model placing its own positions, Qwen2-VL's 3-D "
-            f"m-RoPE included) gives {want}; an engine that {kind.wrong} or samples a media "
-            "placeholder id differs here"
-        )
-
-
-def _media_engine(
-    kind: MediaKind, suite: Suite, models: EngineModels, device: torch.device
-) -> RolloutEngine:
-    """The suite's engine on ``kind``'s tiny model; a skip naming the modality when the engine
-    lacks the capability (or refuses to serve the model at all with ``CapabilityNotSupported``)."""
-    try:
-        engine = ready_engine(suite, models, device, kind.folder(models))
-    except CapabilityNotSupported as refused:
-        pytest.skip(f"{suite.__name__} engine lacks capability {refused.capability}: {refused}")
-    require_capability(engine, kind.modality)
-    return engine
+__all__ = [
+    "AUDIO",
+    "AUDIO_PROMPTS",
+    "IMAGES",
+    "MEDIA_PROMPTS",
+    "MediaKind",
+    "MediaPrompt",
+    "assert_media_matches_reference",
+    "media_prompts",
+    "reference_media_greedy",
+]
 
 
 def _greedy_matches_reference(
     kind: MediaKind, suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
-    engine = _media_engine(kind, suite, models, device)
+    engine = media_engine(kind, suite, models, device)
     folder = kind.folder(models)
     prompts = media_prompts(folder, rank, kind=kind)
-    results = _greedy(engine, prompts, logprobs=True)
+    results = greedy_media(engine, prompts, logprobs=True)
     assert_media_matches_reference(results, prompts, folder, device, "one mixed batch")
-    model = _reference(folder, device)
+    model = media_reference(folder, device)
     for prompt, result in zip(prompts, results, strict=True):
         if prompt.processed is None:
             continue
         want = media_token_logprobs(model, prompt.processed, result.output_token_ids)
-        assert_close_logprobs(result.logprobs, want, f"{_describe(prompt)} logprobs")
+        assert_close_logprobs(result.logprobs, want, f"{describe(prompt)} logprobs")
 
 
 def _media_change_the_output(
     kind: MediaKind, suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
-    engine = _media_engine(kind, suite, models, device)
+    engine = media_engine(kind, suite, models, device)
     folder = kind.folder(models)
     first = media_prompts(folder, rank, image_seed=0, kind=kind)
     second = media_prompts(folder, rank, image_seed=1, kind=kind)
@@ -272,18 +88,26 @@ def _media_change_the_output(
         f"the suite's own {kind.modality} do not change the reference's output: the check "
         "cannot tell an engine that ignores them (a fault of the suite, not of the engine)"
     )
-    got_first = _greedy(engine, [first[i] for i in with_media])
-    got_second = _greedy(engine, [second[i] for i in with_media])
+    got_first = greedy_media(engine, [first[i] for i in with_media])
+    got_second = greedy_media(engine, [second[i] for i in with_media])
     for index, (a, b), x, y in zip(with_media, wanted, got_first, got_second, strict=True):
         if a == b:
             continue
+        if x.output_token_ids == y.output_token_ids == a:
+            raise AssertionError(
+                f"{describe(first[index])}: asked again with another {kind.noun} (a later "
+                f"call, the same prompt ids), the engine gave the first {kind.noun}'s output "
+                f"{a} again, where the reference gives {b}: it answered from something cached "
+                f"for the earlier call (results or {kind.noun} features kept by prompt ids, "
+                f"which are equal for two {kind.noun}s of one size)"
+            )
         assert x.output_token_ids != y.output_token_ids, (
-            f"{_describe(first[index])}: two different {kind.noun}s gave the same output "
+            f"{describe(first[index])}: two different {kind.noun}s gave the same output "
             f"{x.output_token_ids}, where the reference gives {a} and {b}: the engine does not "
             f"condition on the {kind.modality}"
         )
         assert (x.output_token_ids, y.output_token_ids) == (a, b), (
-            f"{_describe(first[index])}: the engine gave {x.output_token_ids} and "
+            f"{describe(first[index])}: the engine gave {x.output_token_ids} and "
             f"{y.output_token_ids} for the two {kind.noun}s, the reference {a} and {b}"
         )
 
@@ -291,26 +115,26 @@ def _media_change_the_output(
 def _media_batch_independence(
     kind: MediaKind, suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
-    engine = _media_engine(kind, suite, models, device)
+    engine = media_engine(kind, suite, models, device)
     folder = kind.folder(models)
     prompts = media_prompts(folder, rank, kind=kind)
     for prompt in prompts:
-        (alone,) = _greedy(engine, [prompt])
+        (alone,) = greedy_media(engine, [prompt])
         assert_media_matches_reference([alone], [prompt], folder, device, "alone")
     reverse = prompts[::-1]
     assert_media_matches_reference(
-        _greedy(engine, reverse), reverse, folder, device, "in reverse order"
+        greedy_media(engine, reverse), reverse, folder, device, "in reverse order"
     )
     doubled = [*prompts, *prompts]
     assert_media_matches_reference(
-        _greedy(engine, doubled), doubled, folder, device, "each twice in one batch"
+        greedy_media(engine, doubled), doubled, folder, device, "each twice in one batch"
     )
 
 
 def _media_outputs_survive_the_lifecycle(
     kind: MediaKind, suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
-    engine = _media_engine(kind, suite, models, device)
+    engine = media_engine(kind, suite, models, device)
     folder = kind.folder(models)
     prompts = media_prompts(folder, rank, kind=kind)
     weights = list(model_weights(folder).items())
@@ -321,7 +145,7 @@ def _media_outputs_survive_the_lifecycle(
             engine.load_weights(weights, version=BASE_VERSION + level)
         engine.wake()
         assert_media_matches_reference(
-            _greedy(engine, prompts),
+            greedy_media(engine, prompts),
             prompts,
             folder,
             device,
@@ -329,14 +153,14 @@ def _media_outputs_survive_the_lifecycle(
         )
     engine.load_weights(weights, version=BASE_VERSION + 10)
     assert_media_matches_reference(
-        _greedy(engine, prompts), prompts, folder, device, "after load_weights"
+        greedy_media(engine, prompts), prompts, folder, device, "after load_weights"
     )
 
 
 # --- the checks, per modality ----------------------------------------------------------------
 
 
-@rank_check
+@rollout_check
 def check_image_greedy_matches_reference(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -345,7 +169,7 @@ def check_image_greedy_matches_reference(
     _greedy_matches_reference(IMAGES, suite, models, rank, device)
 
 
-@rank_check
+@rollout_check
 def check_images_change_the_output(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -354,7 +178,7 @@ def check_images_change_the_output(
     _media_change_the_output(IMAGES, suite, models, rank, device)
 
 
-@rank_check
+@rollout_check
 def check_image_batch_independence(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -363,7 +187,7 @@ def check_image_batch_independence(
     _media_batch_independence(IMAGES, suite, models, rank, device)
 
 
-@rank_check
+@rollout_check
 def check_image_outputs_survive_the_lifecycle(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -372,7 +196,7 @@ def check_image_outputs_survive_the_lifecycle(
     _media_outputs_survive_the_lifecycle(IMAGES, suite, models, rank, device)
 
 
-@rank_check
+@rollout_check
 def check_audio_greedy_matches_reference(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -381,7 +205,7 @@ def check_audio_greedy_matches_reference(
     _greedy_matches_reference(AUDIO, suite, models, rank, device)
 
 
-@rank_check
+@rollout_check
 def check_audio_changes_the_output(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -390,7 +214,7 @@ def check_audio_changes_the_output(
     _media_change_the_output(AUDIO, suite, models, rank, device)
 
 
-@rank_check
+@rollout_check
 def check_audio_batch_independence(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -399,7 +223,7 @@ def check_audio_batch_independence(
     _media_batch_independence(AUDIO, suite, models, rank, device)
 
 
-@rank_check
+@rollout_check
 def check_audio_outputs_survive_the_lifecycle(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:

@@ -18,13 +18,13 @@ from lrft.testing.conformance._rollout_common import (
     EngineModels,
     assert_close_logprobs,
     generate_checked,
-    rank_check,
     rank_prompts,
     ready_engine,
     reference_greedy,
     reference_model,
     requests_for,
     require_capability,
+    rollout_check,
 )
 from lrft.testing.models import VOCAB_SIZE
 from lrft.testing.reference import token_distributions, token_logprobs
@@ -43,7 +43,7 @@ Z_LIMIT = 5.0
 NUCLEUS_SLACK = 1e-4
 
 
-@rank_check
+@rollout_check
 def check_sampled_logprobs(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -65,7 +65,7 @@ def check_sampled_logprobs(
         assert_close_logprobs(result.logprobs, want, where)
 
 
-@rank_check
+@rollout_check
 def check_n_samples(suite: Suite, models: EngineModels, rank: int, device: torch.device) -> None:
     engine = ready_engine(suite, models, device)
     requests = requests_for(rank_prompts(rank)[:3])
@@ -79,7 +79,7 @@ def check_n_samples(suite: Suite, models: EngineModels, rank: int, device: torch
         )
 
 
-@rank_check
+@rollout_check
 def check_truncated_sampling_is_greedy(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -111,7 +111,7 @@ def _rng_states(device: torch.device) -> list[torch.Tensor]:
     return states
 
 
-@rank_check
+@rollout_check
 def check_seed(suite: Suite, models: EngineModels, rank: int, device: torch.device) -> None:
     engine = ready_engine(suite, models, device)
     requests = requests_for(rank_prompts(rank)[:3])
@@ -132,18 +132,25 @@ def check_seed(suite: Suite, models: EngineModels, rank: int, device: torch.devi
     assert other != first, f"seeds 7 and 8 gave the same samples {first}"
 
 
-def _assert_ends_at_first_stop(result: GenerationResult, params: SamplingParams) -> None:
+def assert_ends_at_first_stop(
+    result: GenerationResult, params: SamplingParams, setting: str = "sampled"
+) -> None:
     """No stop id before ``min_new_tokens``; the output ends at its first stop id (reason
-    ``stop``) or, with none, at ``max_new_tokens`` (reason ``length``)."""
+    ``stop``) or, with none, at ``max_new_tokens`` (reason ``length``). ``params`` are those
+    that apply to the result's request (``GenerationRequest.capped``)."""
     tokens, stops = result.output_token_ids, set(params.stop_token_ids)
     where = (
-        f"sampled with {len(stops)} stop ids, min_new_tokens={params.min_new_tokens}, "
-        f"max_new_tokens={params.max_new_tokens}: prompt {result.prompt_token_ids} gave {tokens} "
+        f"{setting} with {len(stops)} stop ids, min_new_tokens={params.min_new_tokens}, "
+        f"max_new_tokens={params.max_new_tokens}: request {result.request_id!r} sample "
+        f"{result.sample_index} (prompt {result.prompt_token_ids}) gave {tokens} "
         f"({result.finish_reason!r})"
     )
     early = [j for j, token in enumerate(tokens[: params.min_new_tokens]) if token in stops]
     assert not early, (
         f"{where}: stop id {tokens[early[0]]} at position {early[0]} is within min_new_tokens"
+    )
+    assert len(tokens) <= params.max_new_tokens, (
+        f"{where}: {len(tokens)} tokens, above the {params.max_new_tokens} allowed"
     )
     first = next((j for j, token in enumerate(tokens) if token in stops), None)
     if first is None:
@@ -154,10 +161,15 @@ def _assert_ends_at_first_stop(result: GenerationResult, params: SamplingParams)
         assert (first, result.finish_reason) == (len(tokens) - 1, "stop"), (
             f"{where}: the output must end at its first stop id ({tokens[first]} at position "
             f"{first}), with reason 'stop'"
+            + (
+                f"; the engine went on for {len(tokens) - 1 - first} more tokens"
+                if first < len(tokens) - 1
+                else ""
+            )
         )
 
 
-@rank_check
+@rollout_check
 def check_sampled_stops_and_min_new_tokens(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -171,7 +183,7 @@ def check_sampled_stops_and_min_new_tokens(
     )
     free = generate_checked(engine, requests, params)
     for result in free:
-        _assert_ends_at_first_stop(result, params)
+        assert_ends_at_first_stop(result, params)
     early = [r for r in free if r.finish_reason == "stop" and len(r.output_token_ids) <= minimum]
     assert early, (
         f"no sampled output met a stop id within {minimum} tokens: the min_new_tokens part "
@@ -179,10 +191,10 @@ def check_sampled_stops_and_min_new_tokens(
     )
     held = attrs.evolve(params, min_new_tokens=minimum)
     for result in generate_checked(engine, requests, held):
-        _assert_ends_at_first_stop(result, held)
+        assert_ends_at_first_stop(result, held)
 
 
-@rank_check
+@rollout_check
 def check_samples_follow_the_distribution(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:

@@ -27,12 +27,12 @@ from lrft.testing.conformance._rollout_common import (
     generate_checked,
     greedy_outputs,
     model_weights,
-    rank_check,
     rank_prompts,
     ready_engine,
     reference_digests,
     requests_for,
     require_capability,
+    rollout_check,
     take_engine,
     version_of,
 )
@@ -62,7 +62,7 @@ def generate_raises(
     )
 
 
-@rank_check
+@rollout_check
 def check_asleep_refuses_work(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -84,7 +84,7 @@ def check_asleep_refuses_work(
             assert engine.state == state, f"a refused load changed the state to {engine.state}"
 
 
-@rank_check
+@rollout_check
 def check_level_1_restores_outputs(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -121,49 +121,76 @@ def check_level_1_restores_outputs(
     )
 
 
-@rank_check
+@rollout_check
 def check_level_2_stale_until_loaded(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
+    """Level 2, entered by deepening level 1 (when declared) and by ``sleep(2)`` from awake:
+    the weights are released and the engine stale; waking leaves it stale (a partial load
+    too) until a complete load, after which it serves the loaded weights."""
     engine = ready_engine(suite, models, device)
     require_capability(engine, "sleep_level_2")
+    routes = ["from awake"]
+    if 1 in engine.capabilities.sleep_levels:
+        routes.insert(0, "deepening level 1")
+    for version, route in enumerate(routes):
+        _through_level_2(suite, models, engine, rank, device, route, version=10 * version)
+
+
+def _through_level_2(
+    suite: Suite,
+    models: EngineModels,
+    engine: RolloutEngine,
+    rank: int,
+    device: torch.device,
+    route: str,
+    *,
+    version: int,
+) -> None:
     prompts = rank_prompts(rank)
-    has_level_1 = 1 in engine.capabilities.sleep_levels
-    if has_level_1:
+    if route == "deepening level 1":
         engine.sleep(1)
-    engine.sleep(2)  # deepens level 1
-    if has_level_1:
+        engine.sleep(2)
         engine.sleep(1)  # keeps level 2
+    else:
+        engine.sleep(2)
     state = engine.state
     assert (state.weights, state.sleep_level, state.weights_version) == (
         WeightsResidency.RELEASED, 2, None,
-    ), f"after sleep(2): {state}"  # fmt: skip
+    ), f"after sleep(2) {route}: {state}, not weights released at level 2 and stale"  # fmt: skip
     generate_raises(engine, prompts, EngineAsleepError)
     engine.wake()
     awake = engine.state
     assert (awake.weights, awake.kv_cache_resident) == (WeightsResidency.RESIDENT, True), (
-        f"after sleep(2) and wake(): {awake}"
+        f"after sleep(2) {route} and wake(): {awake}"
     )
-    assert engine.weights_version is None, f"fresh after waking from level 2: {engine.state}"
+    assert engine.weights_version is None, (
+        f"fresh after waking from level 2 (entered {route}): {engine.state}"
+    )
     generate_raises(engine, prompts, StaleWeightsError)
     weights = list(model_weights(models.base_dir).items())
-    engine.load_weights(weights[:-1], version=7)
+    engine.load_weights(weights[:-1], version=version + 7)
     assert engine.weights_version is None, (
-        f"fresh after a load that left {weights[-1][0]!r} undefined: {engine.state}"
+        f"fresh after a load that left {weights[-1][0]!r} undefined (level 2 entered {route}): "
+        f"{engine.state}"
     )
     generate_raises(engine, prompts, StaleWeightsError)
-    engine.load_weights(weights, version=8)
-    assert version_of(engine) == 8, f"a complete load did not make it fresh: {engine.state}"
+    engine.load_weights(weights, version=version + 8)
+    assert version_of(engine) == version + 8, (
+        f"a complete load did not make it fresh (level 2 entered {route}): {engine.state}"
+    )
     assert_digests_equal(
         backdoor_digests(suite, engine),
         reference_digests(models.base_dir, engine),
-        "the backdoor after reloading the weights released at level 2",
+        f"the backdoor after reloading the weights released at level 2 (entered {route})",
     )
     got = greedy_outputs(engine, prompts)
-    assert_matches_reference(got, prompts, models.base_dir, device, "reloaded after level 2")
+    assert_matches_reference(
+        got, prompts, models.base_dir, device, f"reloaded after level 2 (entered {route})"
+    )
 
 
-@rank_check
+@rollout_check
 def check_kv_cache_waits_for_weights(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -194,7 +221,7 @@ def check_kv_cache_waits_for_weights(
             assert_matches_reference(got, prompts, models.base_dir, device, "woken part by part")
 
 
-@rank_check
+@rollout_check
 def check_unsupported_level(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -208,7 +235,7 @@ def check_unsupported_level(
     _assert_level_refused(suite, engine, undeclared)
 
 
-@rank_check
+@rollout_check
 def check_level_outside_lrft(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -233,7 +260,7 @@ def _assert_level_refused(suite: Suite, engine: RolloutEngine, levels: list[int]
         )
 
 
-@rank_check
+@rollout_check
 def check_digest_matches_backdoor(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:
@@ -251,7 +278,7 @@ def check_digest_matches_backdoor(
     )
 
 
-@rank_check
+@rollout_check
 def check_shutdown(suite: Suite, models: EngineModels, rank: int, device: torch.device) -> None:
     engine = take_engine(suite, models, device)
     with engine as entered:

@@ -15,6 +15,7 @@ import torch
 
 from lrft.api import IncrementalWeightSource, RolloutEngine, SyncReport, TrainableModel, WeightSync
 from lrft.api.digest import tensor_digests
+from lrft.testing.conformance._registry import SYNC_CHECKS
 from lrft.testing.conformance._sync_checks import (
     NEW_TOKENS,
     PROMPTS,
@@ -66,6 +67,7 @@ def _expect_complete(report: SyncReport, total: int, what: str) -> None:
     )
 
 
+@SYNC_CHECKS
 def check_merged_sync_and_changes_only(suite: Suite, model_dir: Path) -> None:
     if not suite.lora:
         pytest.skip("the suite's source model has no LoRA adapters")

@@ -25,6 +25,7 @@ from lrft.api import (
     combine_digests,
 )
 from lrft.api.digest import tensor_digests
+from lrft.testing.conformance._registry import SYNC_CHECKS
 from lrft.testing.conformance._sync_hooks import WeightSyncHooks
 from lrft.testing.conformance._sync_proxies import (
     CorruptInTransit,
@@ -143,7 +144,15 @@ def _check_report(
         )
 
 
-def check_sync_after_training(suite: Suite, model_dir: Path, dtype: torch.dtype) -> None:
+@SYNC_CHECKS
+def check_sync_after_training(
+    suite: Suite, model_dir: Path, dtype: torch.dtype | None = None
+) -> None:
+    """After training at world W: the engine's digest and backdoor equal the trainer's weights
+    cast to the engine's dtypes (``dtype``: the suite's ``engine_dtype`` unless given); greedy
+    output equals the reference; the report's version, tensors, bytes, buckets, verification
+    claim and digest are true; at most one engine call per bucket."""
+    dtype = suite.engine_dtype if dtype is None else dtype
     source = trained_source(suite)
     weights = _gathered(source)
     with _engine(suite, model_dir, dtype) as engine:
@@ -177,6 +186,7 @@ def check_sync_after_training(suite: Suite, model_dir: Path, dtype: torch.dtype)
             _assert_greedy_matches(engine, model_dir, weights, "after the sync")
 
 
+@SYNC_CHECKS
 def check_sync_into_deep_sleep(suite: Suite, model_dir: Path) -> None:
     source = trained_source(suite)
     weights = _gathered(source)
@@ -193,6 +203,7 @@ def check_sync_into_deep_sleep(suite: Suite, model_dir: Path) -> None:
         _assert_greedy_matches(engine, model_dir, weights, "after a sync into sleep level 2")
 
 
+@SYNC_CHECKS
 def check_sync_casts(suite: Suite, model_dir: Path) -> None:
     source = trained_source(suite, steps=1)
     weights = _gathered(source)
@@ -220,10 +231,12 @@ def check_sync_casts(suite: Suite, model_dir: Path) -> None:
         assert report.bytes == nbytes, f"report.bytes {report.bytes}, expected {nbytes}"
 
 
+@SYNC_CHECKS
 def check_corruption_detected(suite: Suite, model_dir: Path) -> None:
     _sync_fails_through(suite, model_dir, CorruptInTransit, bucket_bytes=1 << 20)
 
 
+@SYNC_CHECKS
 def check_misdirected_writes_detected(suite: Suite, model_dir: Path) -> None:
     _sync_fails_through(suite, model_dir, MisdirectInPlace, bucket_bytes=4 * 1024)
 
@@ -262,10 +275,24 @@ def _group_of(rank: int, tp_size: int) -> int:
     return rank // tp_size
 
 
-def check_failing_source_drains(suite: Suite, model_dir: Path, *, only_first_group: bool) -> None:
+@SYNC_CHECKS
+def check_failing_source_drains(suite: Suite, model_dir: Path) -> None:
     """A source whose first tensor is misshapen must fail the sync after it took the whole
-    stream, and leave the engine stale. ``only_first_group``: only the ranks of the first TP
-    group get the broken source; the others must sync as usual."""
+    stream, and leave the engine stale."""
+    _failing_source_drains(suite, model_dir, only_first_group=False)
+
+
+@SYNC_CHECKS
+def check_failure_on_one_group_drains(suite: Suite, model_dir: Path) -> None:
+    """Only the ranks of the first TP group get the broken source: they fail after taking the
+    whole stream, the others sync as usual (needs two TP groups)."""
+    world = current_rank_context().world_size
+    if world <= suite.tp_size:
+        pytest.skip(f"needs two TP groups: world_size {world}, tp_size {suite.tp_size}")
+    _failing_source_drains(suite, model_dir, only_first_group=True)
+
+
+def _failing_source_drains(suite: Suite, model_dir: Path, *, only_first_group: bool) -> None:
     ctx = current_rank_context()
     failing = not only_first_group or _group_of(ctx.rank, suite.tp_size) == 0
     source = trained_source(suite, steps=1)
@@ -301,6 +328,7 @@ def check_failing_source_drains(suite: Suite, model_dir: Path, *, only_first_gro
             )
 
 
+@SYNC_CHECKS.options(fixtures=("tied_model_dir",))
 def check_tied_embeddings(suite: Suite, tied_model_dir: Path) -> None:
     source = trained_source(suite, steps=1, tied=True)
     weights = _gathered(source)
@@ -323,6 +351,7 @@ def check_tied_embeddings(suite: Suite, tied_model_dir: Path) -> None:
         _assert_greedy_matches(engine, tied_model_dir, weights, "after syncing tied embeddings")
 
 
+@SYNC_CHECKS
 def check_sync_to_another_device(suite: Suite, model_dir: Path) -> None:
     """A sync that declares ``cross_device`` fills an engine on another device than the
     trainer's (on a GPU pool: the next rank's GPU)."""

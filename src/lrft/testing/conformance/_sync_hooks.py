@@ -10,8 +10,11 @@ from typing import ClassVar, Generic, TypeVar
 import torch
 
 from lrft.api import RolloutEngine, TrainableModel, TrainBackend, WeightSync
+from lrft.api.media import Modality
+from lrft.testing.audio_models import tiny_audio_lm
 from lrft.testing.distributed import DistributedSuite
 from lrft.testing.models import tiny_causal_lm
+from lrft.testing.vision_models import tiny_vlm
 
 S = TypeVar("S", bound=WeightSync)
 
@@ -62,6 +65,15 @@ class WeightSyncHooks(DistributedSuite, abc.ABC, Generic[S]):
         return tiny_causal_lm(
             0, num_attention_heads=q, num_key_value_heads=kv, tie_word_embeddings=tied
         )
+
+    @classmethod
+    def make_media_source_model(cls, modality: Modality) -> torch.nn.Module:
+        """The vision- or audio-language model a media source trains (seed 0, ``model_heads``):
+        the tiny Qwen2-VL for ``images``, the tiny Qwen2-Audio for ``audio``, as the folders
+        the media check serves hold (``lrft.testing.vision_models``, ``audio_models``)."""
+        q, kv = cls.model_heads
+        build = tiny_vlm if modality == "images" else tiny_audio_lm
+        return build(0, num_attention_heads=q, num_key_value_heads=kv)
 
     @classmethod
     def source_parameters(cls, source: TrainableModel) -> Mapping[str, torch.Tensor]:

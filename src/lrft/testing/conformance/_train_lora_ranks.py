@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from lrft.api.protocols import IncrementalWeightSource
+from lrft.testing.conformance._registry import TRAIN_CHECKS
 from lrft.testing.conformance._train_checks import assert_identical, check_buckets, host_copies
 from lrft.testing.conformance._train_hooks import TrainBackendHooks
 from lrft.testing.conformance._train_ranks import (
@@ -37,7 +38,8 @@ def _total(count: float) -> float:
     return float(values.item())
 
 
-def lora_trains_adapters_only(suite: Suite) -> None:
+@TRAIN_CHECKS
+def check_lora_model_trains_its_adapters_only(suite: Suite) -> None:
     if not suite.lora:
         pytest.skip("the suite's model has no LoRA adapters")
     backend = suite.make_backend()
@@ -68,7 +70,8 @@ def lora_trains_adapters_only(suite: Suite) -> None:
         )
 
 
-def varying_weights_are_what_training_changes(suite: Suite) -> None:
+@TRAIN_CHECKS
+def check_varying_weights_are_what_training_changes(suite: Suite) -> None:
     backend = suite.make_backend()
     model = trainable_model(suite, backend, 22)
     if not isinstance(model, IncrementalWeightSource):

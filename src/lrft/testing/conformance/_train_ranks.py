@@ -20,6 +20,7 @@ from lrft.api.errors import CapabilityNotSupported
 from lrft.api.protocols import FrozenModel, TrainableModel, TrainBackend, WeightSource
 from lrft.api.types import Location, ModelPart, Placement
 from lrft.dist.collectives import broadcast_object
+from lrft.testing.conformance._registry import TRAIN_CHECKS
 from lrft.testing.conformance._train_checks import (
     OPTIMIZER,
     SCHEDULE,
@@ -101,7 +102,8 @@ def _check_devices(tensors: dict[str, torch.Tensor], device: torch.device, what:
         )
 
 
-def satisfies_protocols(suite: Suite) -> None:
+@TRAIN_CHECKS
+def check_satisfies_protocols(suite: Suite) -> None:
     backend = suite.make_backend()
     assert isinstance(backend, TrainBackend), f"{type(backend).__name__} is not a TrainBackend"
     assert isinstance(backend.capabilities, TrainCapabilities), (
@@ -127,7 +129,8 @@ def satisfies_protocols(suite: Suite) -> None:
     )
 
 
-def training_matches_reference(suite: Suite, *, steps: int) -> float:
+@TRAIN_CHECKS
+def check_training_matches_reference(suite: Suite, *, steps: int = 3) -> float:
     backend = suite.make_backend()
     model, reference = trainable_model(suite, backend, 0), reference_for(suite, backend, 0)
     reports = []
@@ -144,6 +147,18 @@ def training_matches_reference(suite: Suite, *, steps: int) -> float:
             raise AssertionError(f"step {step} with a finite loss reported {report}")
         check_report_matches(report.grad_norm, report.lr, expected, step)
     return worst
+
+
+@TRAIN_CHECKS
+def check_accumulated_micro_batches_match_one_batch(suite: Suite) -> float:
+    """2 micro-batches per step equal one batch."""
+    return accumulation_matches_one_batch(suite, micro_batches=2)
+
+
+@TRAIN_CHECKS
+def check_deferred_gradient_sync_matches_one_batch(suite: Suite) -> float:
+    """3 micro-batches per step, the gradient sync deferred to the last, equal one batch."""
+    return accumulation_matches_one_batch(suite, micro_batches=3, defer_sync=True)
 
 
 def accumulation_matches_one_batch(
@@ -168,7 +183,8 @@ def accumulation_matches_one_batch(
     return assert_close(suite.gathered_parameters(model), reference.parameters(), what)
 
 
-def non_finite_gradient_skips_step(suite: Suite) -> float:
+@TRAIN_CHECKS
+def check_non_finite_gradient_skips_step(suite: Suite) -> float:
     backend = suite.make_backend()
     model, reference = trainable_model(suite, backend, 2), reference_for(suite, backend, 2)
     _train_step(model, reference, whole_batch(0, backend), 0)
@@ -225,7 +241,8 @@ def _check_full_weights(
     return len(buckets)
 
 
-def full_weights_complete_exact_bucketed(suite: Suite) -> None:
+@TRAIN_CHECKS
+def check_full_weights_are_complete_exact_and_bucketed(suite: Suite) -> None:
     backend = suite.make_backend()
     for tied in (False, True):
         initial = dict(suite.make_model(3, tie_word_embeddings=tied).named_parameters())
@@ -242,7 +259,8 @@ def full_weights_complete_exact_bucketed(suite: Suite) -> None:
         )
 
 
-def offload_reload_parameters(suite: Suite) -> None:
+@TRAIN_CHECKS
+def check_offload_reload_parameters(suite: Suite) -> None:
     backend = suite.make_backend()
     require(backend, "offload_parameters")
     model, reference = trainable_model(suite, backend, 4), reference_for(suite, backend, 4)
@@ -262,7 +280,8 @@ def offload_reload_parameters(suite: Suite) -> None:
     )
 
 
-def offload_reload_optimizer(suite: Suite) -> None:
+@TRAIN_CHECKS
+def check_offload_reload_optimizer(suite: Suite) -> None:
     backend = suite.make_backend()
     require(backend, "offload_optimizer")
     model, reference = trainable_model(suite, backend, 5), reference_for(suite, backend, 5)
@@ -299,20 +318,23 @@ def _twin_runs(suite: Suite, backend: TrainBackend, parts: list[ModelPart]) -> N
     assert_identical(suite.gathered_parameters(moved), suite.gathered_parameters(still), what)
 
 
-def offload_reload_gradients(suite: Suite) -> None:
+@TRAIN_CHECKS
+def check_offload_reload_gradients(suite: Suite) -> None:
     backend = suite.make_backend()
     require(backend, "offload_gradients")
     _twin_runs(suite, backend, [ModelPart.GRADIENTS])
 
 
-def offload_everything_mid_accumulation(suite: Suite) -> None:
+@TRAIN_CHECKS
+def check_offload_everything_mid_accumulation(suite: Suite) -> None:
     backend = suite.make_backend()
     for part in ModelPart:
         require(backend, f"offload_{part.value}")
     _twin_runs(suite, backend, list(ModelPart))
 
 
-def undeclared_offload_raises(suite: Suite) -> None:
+@TRAIN_CHECKS
+def check_undeclared_offload_raises(suite: Suite) -> None:
     backend = suite.make_backend()
     trainable = trainable_model(suite, backend, 0)
     frozen = backend.prepare_frozen(suite.make_model(0))
@@ -337,7 +359,8 @@ def undeclared_offload_raises(suite: Suite) -> None:
             assert model.placement == placement, f"a refused {call.__name__} changed the placement"
 
 
-def save_load_resumes_bit_exactly(suite: Suite) -> None:
+@TRAIN_CHECKS
+def check_save_load_resumes_bit_exactly(suite: Suite) -> None:
     backend = suite.make_backend()
     token = broadcast_object(uuid.uuid4().hex if dist.get_rank() == 0 else None, src=0)
     directory = current_rank_context().shared_dir / f"{suite.__name__}-{token}"
@@ -369,7 +392,8 @@ def save_load_resumes_bit_exactly(suite: Suite) -> None:
     )
 
 
-def frozen_matches_plain_model(suite: Suite) -> float:
+@TRAIN_CHECKS
+def check_frozen_model_matches_plain_model(suite: Suite) -> float:
     backend = suite.make_backend()
     plain = suite.make_model(9, tie_word_embeddings=True).to(backend.device)
     frozen = backend.prepare_frozen(suite.make_model(9, tie_word_embeddings=True))
@@ -383,7 +407,8 @@ def frozen_matches_plain_model(suite: Suite) -> float:
     return worst
 
 
-def frozen_offload_reload(suite: Suite) -> None:
+@TRAIN_CHECKS
+def check_frozen_offload_reload(suite: Suite) -> None:
     backend = suite.make_backend()
     require(backend, "offload_parameters")
     plain = suite.make_model(10).to(backend.device)

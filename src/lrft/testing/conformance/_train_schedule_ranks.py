@@ -6,13 +6,17 @@ world size (``checkpoint_resharding``)."""
 from __future__ import annotations
 
 import math
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from lrft.api.optim import OptimizerConfig, SchedulerConfig
+from lrft.testing.conformance._registry import TRAIN_CHECKS
 from lrft.testing.conformance._train_checks import (
     OPTIMIZER,
     SCHEDULE,
@@ -25,6 +29,7 @@ from lrft.testing.conformance._train_checks import (
 )
 from lrft.testing.conformance._train_hooks import TrainBackendHooks
 from lrft.testing.conformance._train_ranks import require, whole_batch
+from lrft.testing.distributed import RankPool, missing_devices, shared_pool
 
 Suite = type[TrainBackendHooks[Any]]
 
@@ -46,7 +51,8 @@ UNCLIPPED = OptimizerConfig(
 RESHARDING_BATCH = 4
 
 
-def schedules_match_reference(suite: Suite) -> float:
+@TRAIN_CHECKS
+def check_every_schedule_kind_past_warm_up(suite: Suite) -> float:
     """Per schedule: each step's reported learning rate as it comes, then the parameters (a
     backend may report the schedule's rate and apply another), then the reported norms."""
     backend = suite.make_backend()
@@ -78,7 +84,8 @@ def schedules_match_reference(suite: Suite) -> float:
     return worst
 
 
-def unclipped_training_matches_reference(suite: Suite, *, steps: int = 2) -> float:
+@TRAIN_CHECKS
+def check_training_without_clipping_matches_reference(suite: Suite, *, steps: int = 2) -> float:
     backend = suite.make_backend()
     model = backend.prepare_trainable(suite.make_model(12), optimizer=UNCLIPPED, scheduler=SCHEDULE)
     reference = Reference(suite.make_model(12), backend.device, optimizer=UNCLIPPED)
@@ -148,3 +155,22 @@ def resume_at_another_world_size(suite: Suite, directory: Path, saved_at: int) -
     for step, report, expected in reports:
         check_report_matches(report.grad_norm, report.lr, expected, step)
     return worst
+
+
+@TRAIN_CHECKS.options(in_parent=True)
+def check_checkpoint_loads_at_another_world_size(suite: Suite, pool: RankPool) -> None:
+    """(``checkpoint_resharding``) Saved at the suite's world size, loaded at another
+    (``resharding_world_size``: default 1, or 2 at world 1), two more steps equal the
+    reference. Runs in the test process: it uses the pool and one of the other size."""
+    other = suite.resharding_world_size or (2 if suite.world_size == 1 else 1)
+    if (missing := missing_devices(other, suite.device_type)) is not None:
+        pytest.skip(f"loading at world {other} {missing}")
+    directory = Path(tempfile.mkdtemp(prefix="lrft-resharding-"))
+    try:
+        pool.run(save_for_resharding, suite, directory)
+        diffs = shared_pool(other, suite.device_type).run(
+            resume_at_another_world_size, suite, directory, suite.world_size
+        )
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    print(f"saved at world {suite.world_size}, resumed at {other}: max abs {max(diffs):.2e}")

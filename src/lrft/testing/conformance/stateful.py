@@ -13,13 +13,16 @@ each step, so a failure prints the calls that reproduce it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import attrs
 import torch
+import torch.distributed as dist
 from hypothesis import HealthCheck, note, settings
 from hypothesis import strategies as st
+from hypothesis.errors import Flaky
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     invariant,
@@ -31,6 +34,7 @@ from hypothesis.stateful import (
 from lrft.api import (
     CapabilityNotSupported,
     EngineAsleepError,
+    EngineCapabilities,
     EnginePart,
     EngineState,
     GenerationRequest,
@@ -44,11 +48,11 @@ from lrft.api.protocols import NamedTensors
 from lrft.testing.conformance._rollout_common import (
     EngineModels,
     model_weights,
-    rank_check,
     rank_prompts,
     ready_engine,
     reference_digests,
     reference_greedy,
+    rollout_check,
 )
 
 if TYPE_CHECKING:
@@ -60,6 +64,44 @@ RESIDENT, PARKED, RELEASED = (
     WeightsResidency.PARKED,
     WeightsResidency.RELEASED,
 )
+
+
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def _failed_anywhere(failed_here: bool) -> bool:
+    """Whether this step failed on any rank of the default process group (this rank's answer
+    where there is none). A machine that failed on one rank only would go on (hypothesis
+    shrinks the failing run) calling collectives of a TP engine that the other ranks, done,
+    never call: every rank's machine must fail at the same step, and then shrinks alike."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return failed_here
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    flag = torch.tensor([int(failed_here)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _agreed(method: F) -> F:
+    """A rule or invariant that fails on every rank when it fails on one."""
+
+    @functools.wraps(method)
+    def step(self: EngineLifecycleMachine, *args: Any, **kwargs: Any) -> None:
+        try:
+            method(self, *args, **kwargs)
+        except Exception as error:
+            self.failures.append(f"{type(error).__name__}: {error}")
+            _failed_anywhere(True)
+            raise
+        if _failed_anywhere(False):
+            raise AssertionError(
+                f"{method.__name__} failed on another rank (its report says why): every rank's "
+                "machine stops at that step, so that the ranks stay in step"
+            )
+
+    return cast(F, step)
 
 
 @attrs.frozen(kw_only=True)
@@ -101,11 +143,23 @@ class _Expected:
 class EngineLifecycleMachine(RuleBasedStateMachine):
     """Drive ``engine`` through random lifecycles; build one per run (see ``run_lifecycle``)."""
 
-    def __init__(self, engine: RolloutEngine, expectations: LifecycleExpectations) -> None:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        expectations: LifecycleExpectations,
+        declared: EngineCapabilities | None = None,
+        failures: list[str] | None = None,
+    ) -> None:
         super().__init__()
         self.engine = engine
+        # every failure of a step, across runs: a report of a flaky search starts with the first
+        self.failures = [] if failures is None else failures
         self.expect = expectations
-        self.levels = engine.capabilities.sleep_levels
+        # What the engine declared when the search began: the rules it enables must not change
+        # while hypothesis replays a sequence (an engine whose capabilities change fails the
+        # invariant below instead).
+        self.declared = engine.capabilities if declared is None else declared
+        self.levels = self.declared.sleep_levels
         self.next_version = 100
         engine.wake()
         engine.load_weights(expectations.weights["base"], version=self.next_version)
@@ -126,6 +180,7 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
         )
 
     @rule()
+    @_agreed
     def generate(self) -> None:
         note("generate(greedy)")
         model = self.model
@@ -143,10 +198,14 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
             assert model.held is not None, "internal: a fresh engine holds a known weight set"
             got = [r.output_token_ids for r in self.engine.generate(requests, params)]
             want = list(self.expect.greedy[model.held])
-            assert got == want, f"greedy tokens {got}, reference of {model.held!r}: {want}"
+            assert got == want, (
+                f"greedy tokens of the prompts {list(self.expect.prompts)}: the engine gave {got}, "
+                f"the reference decode of the {model.held!r} weights it holds gives {want}"
+            )
 
     @precondition(lambda self: bool(self.levels))
     @rule(level=st.sampled_from([1, 2]))
+    @_agreed
     def sleep(self, level: int) -> None:
         note(f"sleep({level})")
         if level not in self.levels:
@@ -167,6 +226,7 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
             model.weights = parked_or_kept
 
     @rule(parts=st.sampled_from([(WEIGHTS,), (KV_CACHE,), (WEIGHTS, KV_CACHE)]))
+    @_agreed
     def wake(self, parts: Collection[EnginePart]) -> None:
         note(f"wake({[part.value for part in parts]})")
         model = self.model
@@ -184,11 +244,13 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
             model.kv_cache_resident = True
 
     @rule(which=st.sampled_from(["base", "other"]), complete=st.booleans())
+    @_agreed
     def load_weights(self, which: str, complete: bool) -> None:
         self._load(which, complete, in_place=False)
 
-    @precondition(lambda self: "loads_in_place" in self.engine.capabilities.names())
+    @precondition(lambda self: self.declared.loads_in_place)
     @rule(which=st.sampled_from(["base", "other"]), complete=st.booleans())
+    @_agreed
     def load_in_place(self, which: str, complete: bool) -> None:
         self._load(which, complete, in_place=True)
 
@@ -226,6 +288,15 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
             model.version = version
 
     @invariant()
+    @_agreed
+    def capabilities_stay_declared(self) -> None:
+        assert self.engine.capabilities == self.declared, (
+            f"the engine's capabilities changed from {self.declared} to "
+            f"{self.engine.capabilities}: they are what it can do, not what state it is in"
+        )
+
+    @invariant()
+    @_agreed
     def state_is_as_expected(self) -> None:
         want = self.model.state()
         assert self.engine.state == want, f"engine state {self.engine.state}, expected {want}"
@@ -235,6 +306,7 @@ class EngineLifecycleMachine(RuleBasedStateMachine):
         )
 
     @invariant()
+    @_agreed
     def digest_is_of_the_held_weights(self) -> None:
         if self.model.weights is not RESIDENT:
             self._fails_with(EngineAsleepError, self.engine.weights_digest, "weights_digest()")
@@ -266,15 +338,28 @@ def run_lifecycle(
         suppress_health_check=[HealthCheck.too_slow],
     )
 
+    declared = engine.capabilities
+    failures: list[str] = []
+
     class Machine(EngineLifecycleMachine):
         # hypothesis builds a fresh machine per run; the engine is shared and reset in __init__.
         def __init__(self) -> None:
-            super().__init__(engine, expectations)
+            super().__init__(engine, expectations, declared, failures)
 
-    run_state_machine_as_test(Machine, settings=budget)
+    try:
+        run_state_machine_as_test(Machine, settings=budget)
+    except Flaky as error:
+        raise AssertionError(
+            f"the {engine.name} engine answered the same steps differently when hypothesis "
+            f"replayed them ({type(error).__name__}): what it does depends on something the "
+            "steps do not set, which the machine cannot reproduce: state kept from earlier runs "
+            "that wake() and a complete load_weights() do not reset (a cache, a call counter), "
+            "randomness in what it reports, or capabilities that change. Its first failure: "
+            f"{failures[0] if failures else '(none recorded)'}. Hypothesis's report: {error}"
+        ) from error
 
 
-@rank_check
+@rollout_check
 def check_lifecycle_state_machine(
     suite: Suite, models: EngineModels, rank: int, device: torch.device
 ) -> None:

@@ -26,28 +26,30 @@ Verification is what the sync declares: one that declares ``verifies_digest`` mu
 suite puts proxies between the sync and the real engine (they forward every attribute): a sync
 must reach the engine through its ``RolloutEngine`` API.
 
-The checks are module-level functions taking the suite class, exported here with the proxies,
-so they can also run on a harness of your own (inside ranks of an initialised process group).
+Each test ``test_<what>`` runs the check ``check_<what>`` on every rank: a module-level
+function taking the suite class and a model folder (registered with ``SYNC_CHECKS``;
+``lrft.testing.conformance._registry``), served here by name with the proxies, so it can also
+run on a harness of your own (inside ranks of an initialised process group).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from lrft.testing.conformance._sync_changes_checks import check_merged_sync_and_changes_only
-from lrft.testing.conformance._sync_checks import (
-    check_corruption_detected,
-    check_failing_source_drains,
-    check_misdirected_writes_detected,
-    check_sync_after_training,
-    check_sync_casts,
-    check_sync_into_deep_sleep,
-    check_sync_to_another_device,
-    check_tied_embeddings,
-    trained_source,
+from lrft.testing.audio_models import save_tiny_audio_lm
+
+# The check modules register their checks with SYNC_CHECKS as they are imported.
+from lrft.testing.conformance import (  # noqa: F401
+    _sync_changes_checks,
+    _sync_checks,
+    _sync_serving_checks,
 )
+from lrft.testing.conformance._registry import SYNC_CHECKS, RegisteredCheck
+from lrft.testing.conformance._sync_checks import trained_source
 from lrft.testing.conformance._sync_hooks import S, WeightSyncHooks
 from lrft.testing.conformance._sync_proxies import (
     CorruptInTransit,
@@ -56,8 +58,10 @@ from lrft.testing.conformance._sync_proxies import (
     MisdirectInPlace,
     StreamProbe,
 )
+from lrft.testing.conformance._sync_serving_checks import SyncMediaModels
 from lrft.testing.distributed import RankPool
 from lrft.testing.models import save_tiny_causal_lm
+from lrft.testing.vision_models import save_tiny_vlm
 
 __all__ = [
     "CorruptInTransit",
@@ -65,22 +69,24 @@ __all__ = [
     "LoaderProxy",
     "MisdirectInPlace",
     "StreamProbe",
+    "SyncMediaModels",
     "WeightSyncSuite",
-    "check_corruption_detected",
-    "check_failing_source_drains",
-    "check_merged_sync_and_changes_only",
-    "check_misdirected_writes_detected",
-    "check_sync_after_training",
-    "check_sync_casts",
-    "check_sync_into_deep_sleep",
-    "check_sync_to_another_device",
-    "check_tied_embeddings",
+    *SYNC_CHECKS.function_names(),
     "trained_source",
 ]
 
 
+def __getattr__(name: str) -> Callable[..., Any]:
+    """Every registered check, by its name (``check_sync_after_training``, ...)."""
+    return SYNC_CHECKS.lookup(name)
+
+
+_MEDIA_MODELS: dict[tuple[Path, tuple[int, int]], SyncMediaModels] = {}
+
+
 class WeightSyncSuite(WeightSyncHooks[S]):
-    """Conformance tests every ``WeightSync`` must pass (see ``lrft.api.WeightSync``)."""
+    """Conformance tests every ``WeightSync`` must pass (see ``lrft.api.WeightSync``): one
+    ``test_<what>`` per registered check ``check_<what>``."""
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -91,6 +97,21 @@ class WeightSyncSuite(WeightSyncHooks[S]):
     @classmethod
     def tied_model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
         return cls._save_model(tmp_path_factory.mktemp("sync-model-tied"), tied=True)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def media_model_dirs(cls, tmp_path_factory: pytest.TempPathFactory) -> SyncMediaModels:
+        """The tiny Qwen2-VL and Qwen2-Audio folders, built once per session and heads."""
+        key = (tmp_path_factory.getbasetemp(), cls.model_heads)
+        if key not in _MEDIA_MODELS:
+            q, kv = cls.model_heads
+            root = tmp_path_factory.mktemp("sync-media-models")
+            heads = {"num_attention_heads": q, "num_key_value_heads": kv}
+            _MEDIA_MODELS[key] = SyncMediaModels(
+                vlm_dir=save_tiny_vlm(root / "vlm", seed=0, **heads),
+                audio_dir=save_tiny_audio_lm(root / "audio", seed=0, **heads),
+            )
+        return _MEDIA_MODELS[key]
 
     @classmethod
     def _save_model(cls, directory: Path, *, tied: bool) -> Path:
@@ -103,48 +124,12 @@ class WeightSyncSuite(WeightSyncHooks[S]):
             tie_word_embeddings=tied,
         )
 
-    def test_sync_after_training_matches_trainer_and_reference(
-        self, pool: RankPool, model_dir: Path
-    ) -> None:
-        pool.run(check_sync_after_training, type(self), model_dir, self.engine_dtype)
+    def run_check(self, pool: RankPool, check: Callable[..., Any], *fixtures: Any) -> None:
+        """``check(suite class, *fixtures)`` on every rank of ``pool``."""
+        pool.run(check, type(self), *fixtures)
 
-    def test_sync_into_level_2_asleep_engine_wakes_weights_only(
-        self, pool: RankPool, model_dir: Path
-    ) -> None:
-        pool.run(check_sync_into_deep_sleep, type(self), model_dir)
+    def run_registered(self, pool: RankPool, check: RegisteredCheck, *fixtures: Any) -> None:
+        self.run_check(pool, check.function, *fixtures)
 
-    def test_cast_to_bfloat16_is_exact(self, pool: RankPool, model_dir: Path) -> None:
-        pool.run(check_sync_casts, type(self), model_dir)
 
-    def test_tied_embeddings(self, pool: RankPool, tied_model_dir: Path) -> None:
-        pool.run(check_tied_embeddings, type(self), tied_model_dir)
-
-    def test_corruption_in_transit_fails_and_leaves_engine_stale(
-        self, pool: RankPool, model_dir: Path
-    ) -> None:
-        pool.run(check_corruption_detected, type(self), model_dir)
-
-    def test_failed_stream_never_leaves_engine_fresh(self, pool: RankPool, model_dir: Path) -> None:
-        pool.run(check_failing_source_drains, type(self), model_dir, only_first_group=False)
-
-    def test_failure_on_one_group_drains_and_leaves_the_others_fresh(
-        self, pool: RankPool, model_dir: Path
-    ) -> None:
-        if self.world_size <= self.tp_size:
-            pytest.skip(
-                f"needs two TP groups: world_size {self.world_size}, tp_size {self.tp_size}"
-            )
-        pool.run(check_failing_source_drains, type(self), model_dir, only_first_group=True)
-
-    def test_in_place_writes_that_miss_fail_and_leave_engine_stale(
-        self, pool: RankPool, model_dir: Path
-    ) -> None:
-        pool.run(check_misdirected_writes_detected, type(self), model_dir)
-
-    def test_sync_to_an_engine_on_another_device(self, pool: RankPool, model_dir: Path) -> None:
-        pool.run(check_sync_to_another_device, type(self), model_dir)
-
-    def test_lora_source_is_merged_and_sends_changes_only(
-        self, pool: RankPool, model_dir: Path
-    ) -> None:
-        pool.run(check_merged_sync_and_changes_only, type(self), model_dir)
+SYNC_CHECKS.add_tests(WeightSyncSuite)

@@ -24,141 +24,88 @@ capabilities; a test that needs one the backend does not declare is skipped with
 names it. ``make_backend`` must build a backend that computes in fp32 (the suite compares with an
 fp32 reference at 1e-5).
 
-The rank-side bodies are exported here (``training_matches_reference``, ...): each takes the suite
-class and runs on every rank of any harness that has initialised the default process group.
+Each test ``test_<what>`` runs the check ``check_<what>`` (registered with ``TRAIN_CHECKS``;
+``lrft.testing.conformance._registry``), served here by name (``check_training_matches_reference``,
+...): each takes the suite class and runs on every rank of any harness that has initialised the
+default process group, except ``check_checkpoint_loads_at_another_world_size``, which runs in
+the test process with the pool. The names they had before they took the ``check_`` prefix
+(``training_matches_reference``, ...) still work for one release.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
-import pytest
-
+# The check modules register their checks with TRAIN_CHECKS as they are imported.
+from lrft.testing.conformance import (  # noqa: F401
+    _train_lora_ranks,
+    _train_ranks,
+    _train_schedule_ranks,
+)
+from lrft.testing.conformance._registry import TRAIN_CHECKS, RegisteredCheck
 from lrft.testing.conformance._train_hooks import B, TrainBackendHooks
-from lrft.testing.conformance._train_lora_ranks import (
-    lora_trains_adapters_only,
-    varying_weights_are_what_training_changes,
-)
-from lrft.testing.conformance._train_ranks import (
-    accumulation_matches_one_batch,
-    frozen_matches_plain_model,
-    frozen_offload_reload,
-    full_weights_complete_exact_bucketed,
-    non_finite_gradient_skips_step,
-    offload_everything_mid_accumulation,
-    offload_reload_gradients,
-    offload_reload_optimizer,
-    offload_reload_parameters,
-    satisfies_protocols,
-    save_load_resumes_bit_exactly,
-    training_matches_reference,
-    undeclared_offload_raises,
-)
+from lrft.testing.conformance._train_ranks import accumulation_matches_one_batch
 from lrft.testing.conformance._train_schedule_ranks import (
     resume_at_another_world_size,
     save_for_resharding,
-    schedules_match_reference,
-    unclipped_training_matches_reference,
 )
-from lrft.testing.distributed import RankPool, missing_devices, shared_pool
+from lrft.testing.distributed import RankPool
 
 __all__ = [
     "TrainBackendSuite",
     "accumulation_matches_one_batch",
-    "frozen_matches_plain_model",
-    "frozen_offload_reload",
-    "full_weights_complete_exact_bucketed",
-    "lora_trains_adapters_only",
-    "non_finite_gradient_skips_step",
-    "offload_everything_mid_accumulation",
-    "offload_reload_gradients",
-    "offload_reload_optimizer",
-    "offload_reload_parameters",
+    *TRAIN_CHECKS.function_names(),
     "resume_at_another_world_size",
-    "satisfies_protocols",
     "save_for_resharding",
-    "save_load_resumes_bit_exactly",
-    "schedules_match_reference",
-    "training_matches_reference",
-    "unclipped_training_matches_reference",
-    "undeclared_offload_raises",
-    "varying_weights_are_what_training_changes",
 ]
+
+#: the checks' names before they took the ``check_`` prefix, kept for one release
+RENAMED = {
+    "satisfies_protocols": "check_satisfies_protocols",
+    "training_matches_reference": "check_training_matches_reference",
+    "schedules_match_reference": "check_every_schedule_kind_past_warm_up",
+    "unclipped_training_matches_reference": "check_training_without_clipping_matches_reference",
+    "non_finite_gradient_skips_step": "check_non_finite_gradient_skips_step",
+    "full_weights_complete_exact_bucketed": "check_full_weights_are_complete_exact_and_bucketed",
+    "offload_reload_parameters": "check_offload_reload_parameters",
+    "offload_reload_optimizer": "check_offload_reload_optimizer",
+    "offload_reload_gradients": "check_offload_reload_gradients",
+    "offload_everything_mid_accumulation": "check_offload_everything_mid_accumulation",
+    "undeclared_offload_raises": "check_undeclared_offload_raises",
+    "save_load_resumes_bit_exactly": "check_save_load_resumes_bit_exactly",
+    "frozen_matches_plain_model": "check_frozen_model_matches_plain_model",
+    "frozen_offload_reload": "check_frozen_offload_reload",
+    "lora_trains_adapters_only": "check_lora_model_trains_its_adapters_only",
+    "varying_weights_are_what_training_changes": "check_varying_weights_are_what_training_changes",
+}
+
+
+def __getattr__(name: str) -> Callable[..., Any]:
+    """Every registered check, by its name (``check_training_matches_reference``, ...) or by the
+    name it had before (``RENAMED``)."""
+    return TRAIN_CHECKS.lookup(name, RENAMED)
 
 
 class TrainBackendSuite(TrainBackendHooks[B]):
-    """Conformance tests of a ``TrainBackend``; subclass it once per backend and world size."""
+    """Conformance tests of a ``TrainBackend``; subclass it once per backend and world size. One
+    ``test_<what>`` per registered check ``check_<what>``."""
 
-    # --- the tests ------------------------------------------------------------------------------
+    def run_check(self, pool: RankPool, check: Callable[..., Any]) -> list[Any]:
+        """``check(suite class)`` on every rank of ``pool``; a parity figure it returns (the
+        largest difference from the reference) is printed."""
+        results = pool.run(check, type(self))
+        if results and all(isinstance(result, float) for result in results):
+            what = check.__name__.removeprefix("check_")
+            print(f"{what} at world {len(results)}: max abs diff {max(results):.2e}")
+        return results
 
-    def test_satisfies_protocols(self, pool: RankPool) -> None:
-        pool.run(satisfies_protocols, type(self))
+    def run_registered(self, pool: RankPool, check: RegisteredCheck, *fixtures: Any) -> None:
+        del fixtures  # the train checks take none
+        if check.in_parent:
+            check.function(type(self), pool)
+        else:
+            self.run_check(pool, check.function)
 
-    def test_training_matches_reference(self, pool: RankPool) -> None:
-        diffs = pool.run(training_matches_reference, type(self), steps=3)
-        print(f"parity after 3 steps at world {len(diffs)}: max abs diff {max(diffs):.2e}")
 
-    def test_accumulated_micro_batches_match_one_batch(self, pool: RankPool) -> None:
-        diffs = pool.run(accumulation_matches_one_batch, type(self), micro_batches=2)
-        print(f"2 micro-batches at world {len(diffs)}: max abs diff {max(diffs):.2e}")
-
-    def test_deferred_gradient_sync_matches_one_batch(self, pool: RankPool) -> None:
-        diffs = pool.run(
-            accumulation_matches_one_batch, type(self), micro_batches=3, defer_sync=True
-        )
-        print(f"3 micro-batches, sync deferred, at world {len(diffs)}: max abs {max(diffs):.2e}")
-
-    def test_every_schedule_kind_past_warm_up(self, pool: RankPool) -> None:
-        diffs = pool.run(schedules_match_reference, type(self))
-        print(f"3 schedules at world {len(diffs)}: max abs diff {max(diffs):.2e}")
-
-    def test_training_without_clipping_matches_reference(self, pool: RankPool) -> None:
-        diffs = pool.run(unclipped_training_matches_reference, type(self))
-        print(f"unclipped at world {len(diffs)}: max abs diff {max(diffs):.2e}")
-
-    def test_non_finite_gradient_skips_step(self, pool: RankPool) -> None:
-        diffs = pool.run(non_finite_gradient_skips_step, type(self))
-        print(f"after a skipped step at world {len(diffs)}: max abs diff {max(diffs):.2e}")
-
-    def test_full_weights_are_complete_exact_and_bucketed(self, pool: RankPool) -> None:
-        pool.run(full_weights_complete_exact_bucketed, type(self))
-
-    def test_offload_reload_parameters(self, pool: RankPool) -> None:
-        pool.run(offload_reload_parameters, type(self))
-
-    def test_offload_reload_optimizer(self, pool: RankPool) -> None:
-        pool.run(offload_reload_optimizer, type(self))
-
-    def test_offload_reload_gradients(self, pool: RankPool) -> None:
-        pool.run(offload_reload_gradients, type(self))
-
-    def test_offload_everything_mid_accumulation(self, pool: RankPool) -> None:
-        pool.run(offload_everything_mid_accumulation, type(self))
-
-    def test_undeclared_offload_raises(self, pool: RankPool) -> None:
-        pool.run(undeclared_offload_raises, type(self))
-
-    def test_save_load_resumes_bit_exactly(self, pool: RankPool) -> None:
-        pool.run(save_load_resumes_bit_exactly, type(self))
-
-    def test_checkpoint_loads_at_another_world_size(self, pool: RankPool, tmp_path: Path) -> None:
-        other = self.resharding_world_size or (2 if self.world_size == 1 else 1)
-        if (missing := missing_devices(other, self.device_type)) is not None:
-            pytest.skip(f"loading at world {other} {missing}")
-        pool.run(save_for_resharding, type(self), tmp_path)
-        diffs = shared_pool(other, self.device_type).run(
-            resume_at_another_world_size, type(self), tmp_path, self.world_size
-        )
-        print(f"saved at world {self.world_size}, resumed at {other}: max abs {max(diffs):.2e}")
-
-    def test_frozen_model_matches_plain_model(self, pool: RankPool) -> None:
-        pool.run(frozen_matches_plain_model, type(self))
-
-    def test_frozen_offload_reload(self, pool: RankPool) -> None:
-        pool.run(frozen_offload_reload, type(self))
-
-    def test_lora_model_trains_its_adapters_only(self, pool: RankPool) -> None:
-        pool.run(lora_trains_adapters_only, type(self))
-
-    def test_varying_weights_are_what_training_changes(self, pool: RankPool) -> None:
-        pool.run(varying_weights_are_what_training_changes, type(self))
+TRAIN_CHECKS.add_tests(TrainBackendSuite)
