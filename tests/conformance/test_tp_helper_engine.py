@@ -25,9 +25,9 @@ from lrft.api import (
     LrftError,
     SamplingParams,
 )
-from lrft.backends.media import load_generative_model
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.dist import RolloutLayout, all_gather_objects, tp_group_generate
+from lrft.models.media import load_generative_model
 from lrft.testing.conformance import rollout as checks
 from lrft.testing.conformance.expect import raises
 from lrft.testing.conformance.rollout import RolloutEngineSuite, make_engine_models

@@ -37,7 +37,6 @@ from typing import Any, Protocol, cast
 
 import attrs
 import torch
-from transformers import GenerationConfig
 
 from lrft.api import validators as v
 from lrft.api.capabilities import EngineCapabilities
@@ -57,9 +56,16 @@ from lrft.backends import registry
 from lrft.backends.rollout._engine_base import EngineAdapter, caller_rng_kept, default_device
 from lrft.backends.rollout._hf_decode import (
     PAD_ID,
-    DecodeOutput,
     StaticDecoder,
     static_decode_unsupported,
+)
+from lrft.backends.rollout._hf_generation import (
+    chosen_logprobs,
+    completions,
+    decoded,
+    generation_config,
+    new_generation_config,
+    processed_media,
 )
 from lrft.backends.rollout._lifecycle import EngineLifecycle, SleepPlan, WakePlan
 from lrft.backends.rollout._weight_moves import FlatWeights
@@ -138,7 +144,7 @@ class HFRolloutEngine(EngineAdapter):
         torch.nn.Module.eval(model)
         model.requires_grad_(False)
         # A plain setattr: nn.Module's typed __setattr__ only admits tensors and modules.
-        setattr(model, "generation_config", _new_generation_config())  # noqa: B010
+        setattr(model, "generation_config", new_generation_config())  # noqa: B010
         self._model: torch.nn.Module | None = model
         # named_parameters() lists a tied weight once; the other names it has become aliases.
         self._params = dict(model.named_parameters())
@@ -235,18 +241,18 @@ class HFRolloutEngine(EngineAdapter):
     ) -> list[GenerationResult]:
         """``params.n`` samples per request, request-major; see ``RolloutEngine.generate``."""
         self._lifecycle.check_can_generate(requests)
-        processed = [_processed_media(request) for request in requests]
+        processed = [processed_media(request) for request in requests]
         rows = [(index, sample) for index in range(len(requests)) for sample in range(params.n)]
         prompts = [requests[index].prompt_token_ids for index, _ in rows]
         limits = [requests[index].capped(params).max_new_tokens for index, _ in rows]
         media = [processed[index] for index, _ in rows]
-        completions: list[tuple[list[int], FinishReason, list[float] | None]] = []
+        outputs: list[tuple[list[int], FinishReason, list[float] | None]] = []
         size = self.config.max_batch_size
         with self._seeded(params.seed), torch.inference_mode():
             if self._decoder is None:
                 for start in range(0, len(rows), size):
                     chunk = slice(start, start + size)
-                    completions += self._generate_chunk(
+                    outputs += self._generate_chunk(
                         prompts[chunk], limits[chunk], params, media[chunk]
                     )
             elif rows:
@@ -254,7 +260,7 @@ class HFRolloutEngine(EngineAdapter):
                 output = self._decoder.decode(
                     prompts, limits, min(size, len(rows)), params, media=media
                 )
-                completions = _decoded(output, params)
+                outputs = decoded(output, params)
         return [
             GenerationResult(
                 request_id=requests[index].request_id,
@@ -264,7 +270,7 @@ class HFRolloutEngine(EngineAdapter):
                 finish_reason=reason,
                 logprobs=None if logprobs is None else tuple(logprobs),
             )
-            for (index, sample), (tokens, reason, logprobs) in zip(rows, completions, strict=True)
+            for (index, sample), (tokens, reason, logprobs) in zip(rows, outputs, strict=True)
         ]
 
     def _generate_chunk(
@@ -297,16 +303,16 @@ class HFRolloutEngine(EngineAdapter):
         output = model.generate(
             input_ids=input_ids.to(self._device),
             attention_mask=attention_mask.to(self._device),
-            generation_config=_generation_config(chunk_params, self._placeholders),
+            generation_config=generation_config(chunk_params, self._placeholders),
             **batch.kwargs,
         )
         generated: torch.Tensor = output.sequences[:, width:]
         logprobs = None
         if params.return_logprobs:
             raw_logits: tuple[torch.Tensor, ...] = output.logits
-            logprobs = _chosen_logprobs(raw_logits, generated, params).tolist()
+            logprobs = chosen_logprobs(raw_logits, generated, params).tolist()
         tokens = [row[:limit] for row, limit in zip(generated.tolist(), limits, strict=True)]
-        return _completions(tokens, logprobs, params)
+        return completions(tokens, logprobs, params)
 
     @contextmanager
     def _seeded(self, seed: int | None) -> Iterator[None]:
@@ -390,101 +396,3 @@ class HFRolloutEngine(EngineAdapter):
         self._weights = None
         self._model = None
         self._empty_device_cache()
-
-
-def _processed_media(request: GenerationRequest) -> ProcessedMedia | None:
-    """The tensors the model takes for ``request``'s media (the engine runs no processor)."""
-    if request.media is None:
-        return None
-    if request.media.processed is None:
-        raise ValueError(
-            f"request {request.request_id!r} carries raw media only: the hf engine takes the "
-            "model processor's tensors (ProcessedMedia; lrft.data.MediaProcessor makes them)"
-        )
-    return request.media.processed
-
-
-def _generation_config(params: SamplingParams, never: Sequence[int] = ()) -> GenerationConfig:
-    """Every setting generate reads, from ``params``; nothing left to fill from model defaults.
-    ``never``: ids never sampled (a media model's placeholders)."""
-    stops = list(params.stop_token_ids)
-    settings: dict[str, Any] = {
-        "max_new_tokens": params.max_new_tokens,
-        # transformers only suppresses EOS ids before min_new_tokens; with no stop ids there is
-        # nothing to suppress (and it warns about the unused setting).
-        "min_new_tokens": params.min_new_tokens if stops else 0,
-        "eos_token_id": stops or None,
-        "pad_token_id": PAD_ID,
-        "num_beams": 1,
-        "num_return_sequences": 1,
-        "use_cache": True,
-        "return_dict_in_generate": True,
-        "output_logits": params.return_logprobs,
-        "suppress_tokens": list(never) or None,
-    }
-    if params.greedy:
-        return _new_generation_config(do_sample=False, **settings)
-    return _new_generation_config(
-        do_sample=True,
-        temperature=params.temperature,
-        top_k=params.top_k,  # 0 disables it in transformers too
-        top_p=params.top_p,
-        **settings,
-    )
-
-
-def _new_generation_config(**settings: Any) -> GenerationConfig:
-    # transformers 5 declares GenerationConfig.__init__(self, **kwargs) without annotations.
-    return GenerationConfig(**settings)  # type: ignore[no-untyped-call]  # unannotated in transformers
-
-
-def _chosen_logprobs(
-    raw_logits: Sequence[torch.Tensor], generated: torch.Tensor, params: SamplingParams
-) -> torch.Tensor:
-    """``log_softmax(logits / T)`` of each generated token, from the model's raw logits (before
-    min-new-tokens suppression, top-k or top-p), shape ``(rows, steps)``."""
-    temperature = 1.0 if params.greedy else params.temperature
-    columns = []
-    for step, logits in enumerate(raw_logits):
-        logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
-        columns.append(logprobs.gather(1, generated[:, step, None])[:, 0])
-    return torch.stack(columns, dim=1).cpu()
-
-
-def _decoded(
-    output: DecodeOutput, params: SamplingParams
-) -> list[tuple[list[int], FinishReason, list[float] | None]]:
-    """The static loop's sequences, each its first ``lengths[i]`` tokens."""
-    lengths = output.lengths.tolist()
-    tokens = [row[:length] for row, length in zip(output.tokens.tolist(), lengths, strict=True)]
-    logprobs = None
-    if output.logprobs is not None:
-        logprobs = [
-            row[:length] for row, length in zip(output.logprobs.tolist(), lengths, strict=True)
-        ]
-    return _completions(tokens, logprobs, params)
-
-
-def _completions(
-    generated: list[list[int]], logprobs: list[list[float]] | None, params: SamplingParams
-) -> list[tuple[list[int], FinishReason, list[float] | None]]:
-    """Each row cut after its first stop id, with the reason and the logprobs it keeps."""
-    stops = set(params.stop_token_ids)
-    results: list[tuple[list[int], FinishReason, list[float] | None]] = []
-    for row, tokens in enumerate(generated):
-        length, reason = _finish(tokens, stops)
-        row_logprobs = None if logprobs is None else logprobs[row][:length]
-        results.append((tokens[:length], reason, row_logprobs))
-    return results
-
-
-def _finish(tokens: Sequence[int], stops: set[int]) -> tuple[int, FinishReason]:
-    """The completion's length and why it ended: at the first stop id (kept) or at the limit.
-
-    Stop ids are suppressed before ``min_new_tokens``, so the first one is the one generate
-    stopped at; the tokens after it are padding of a finished row.
-    """
-    for position, token in enumerate(tokens):
-        if token in stops:
-            return position + 1, "stop"
-    return len(tokens), "length"

@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from lrft.api import GenerationRequest, SamplingParams
+from lrft.testing.conformance._rollout_asserts import (
+    generate_checked,
+)
 from lrft.testing.conformance._rollout_common import (
     NEW_TOKENS,
     EngineModels,
-    generate_checked,
     group_leader,
     rank_prompts,
     ready_engine,

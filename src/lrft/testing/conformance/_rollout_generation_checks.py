@@ -19,15 +19,17 @@ from lrft.api import (
     RolloutEngine,
     SamplingParams,
 )
+from lrft.testing.conformance._rollout_asserts import (
+    assert_close_logprobs,
+    assert_matches_reference,
+    generate_checked,
+    greedy_outputs,
+)
 from lrft.testing.conformance._rollout_common import (
     BASE_VERSION,
     NEW_TOKENS,
     EngineModels,
-    assert_close_logprobs,
-    assert_matches_reference,
     backdoor_digests,
-    generate_checked,
-    greedy_outputs,
     group_leader,
     rank_prompts,
     ready_engine,

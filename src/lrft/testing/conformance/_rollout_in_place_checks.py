@@ -10,12 +10,14 @@ import torch
 
 from lrft.api import EnginePart, InPlaceWeightLoader, WeightLoader, WeightLoadError
 from lrft.api.digest import format_digests
-from lrft.testing.conformance._rollout_common import (
-    EngineModels,
+from lrft.testing.conformance._rollout_asserts import (
     assert_digests_equal,
     assert_matches_reference,
-    backdoor_digests,
     greedy_outputs,
+)
+from lrft.testing.conformance._rollout_common import (
+    EngineModels,
+    backdoor_digests,
     model_weights,
     rank_prompts,
     ready_engine,

@@ -16,14 +16,16 @@ from lrft.api import (
     StaleWeightsError,
     WeightLoadError,
 )
+from lrft.testing.conformance._rollout_asserts import (
+    assert_digests_equal,
+    assert_matches_reference,
+    first_differing_tensor,
+    greedy_outputs,
+)
 from lrft.testing.conformance._rollout_common import (
     BASE_VERSION,
     EngineModels,
-    assert_digests_equal,
-    assert_matches_reference,
     backdoor_digests,
-    first_differing_tensor,
-    greedy_outputs,
     model_weights,
     rank_prompts,
     ready_engine,

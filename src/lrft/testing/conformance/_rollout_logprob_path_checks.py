@@ -12,13 +12,15 @@ import attrs
 import torch
 
 from lrft.api import GenerationRequest, GenerationResult, SamplingParams
+from lrft.testing.conformance._rollout_asserts import (
+    assert_close_logprobs,
+    generate_checked,
+)
 from lrft.testing.conformance._rollout_common import (
     EOS_IDS,
     LOGPROB_TOLERANCE,
     NEW_TOKENS,
     EngineModels,
-    assert_close_logprobs,
-    generate_checked,
     rank_prompts,
     ready_engine,
     reference_greedy,

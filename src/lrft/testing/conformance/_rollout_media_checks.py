@@ -15,11 +15,13 @@ from __future__ import annotations
 import torch
 
 from lrft.api import EnginePart
+from lrft.testing.conformance._rollout_asserts import (
+    assert_close_logprobs,
+)
 from lrft.testing.conformance._rollout_common import (
     BASE_VERSION,
     EngineModels,
     Suite,
-    assert_close_logprobs,
     model_weights,
     rollout_check,
 )

@@ -27,11 +27,13 @@ from lrft.api import (
 from lrft.api.media import Image, Modality
 from lrft.data.processor import MediaProcessor
 from lrft.testing.audio_models import tone
+from lrft.testing.conformance._rollout_asserts import (
+    generate_checked,
+)
 from lrft.testing.conformance._rollout_common import (
     NEW_TOKENS,
     EngineModels,
     Suite,
-    generate_checked,
     ready_engine,
     require_capability,
 )

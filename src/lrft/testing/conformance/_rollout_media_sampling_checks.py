@@ -11,9 +11,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from lrft.api import SamplingParams
+from lrft.testing.conformance._rollout_asserts import (
+    assert_close_logprobs,
+)
 from lrft.testing.conformance._rollout_common import (
     EngineModels,
-    assert_close_logprobs,
     rollout_check,
 )
 from lrft.testing.conformance._rollout_media_common import (

@@ -13,11 +13,13 @@ import attrs
 import torch
 
 from lrft.api import GenerationResult, SamplingParams
+from lrft.testing.conformance._rollout_asserts import (
+    assert_close_logprobs,
+    generate_checked,
+)
 from lrft.testing.conformance._rollout_common import (
     NEW_TOKENS,
     EngineModels,
-    assert_close_logprobs,
-    generate_checked,
     rank_prompts,
     ready_engine,
     reference_greedy,

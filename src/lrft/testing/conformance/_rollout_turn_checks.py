@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from lrft.api import GenerationRequest, SamplingParams
-from lrft.testing.conformance._rollout_common import (
-    EngineModels,
+from lrft.testing.conformance._rollout_asserts import (
     assert_close_logprobs,
     generate_checked,
+)
+from lrft.testing.conformance._rollout_common import (
+    EngineModels,
     rank_prompts,
     ready_engine,
     reference_greedy,

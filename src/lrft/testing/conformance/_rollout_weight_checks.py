@@ -18,14 +18,16 @@ from lrft.api import (
     StaleWeightsError,
     WeightsResidency,
 )
+from lrft.testing.conformance._rollout_asserts import (
+    assert_digests_equal,
+    assert_matches_reference,
+    generate_checked,
+    greedy_outputs,
+)
 from lrft.testing.conformance._rollout_common import (
     BASE_VERSION,
     EngineModels,
-    assert_digests_equal,
-    assert_matches_reference,
     backdoor_digests,
-    generate_checked,
-    greedy_outputs,
     model_weights,
     rank_prompts,
     ready_engine,
