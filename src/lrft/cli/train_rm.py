@@ -148,7 +148,8 @@ RM_FLAGS: tuple[RMFlag, ...] = (
     RMFlag(
         name="save_path",
         kind=str,
-        help="output folder: metrics.jsonl, run.json, hf_model/ (default ./lrft_rm_output)",
+        help="output folder: metrics.jsonl, curves.png, tensorboard/, run.json, hf_model/ "
+        "(default ./lrft_rm_output)",
     ),
     RMFlag(name="ckpt_path", kind=str, help="checkpoint folder (default SAVE_PATH/checkpoints)"),
     RMFlag(name="save_steps", kind=int, help="checkpoint every N steps (default -1: never)"),
@@ -168,6 +169,12 @@ RM_FLAGS: tuple[RMFlag, ...] = (
         name="eval_steps",
         kind=int,
         help="evaluate every N steps (default -1: at the start and end only)",
+    ),
+    RMFlag(
+        name="use_tensorboard",
+        kind=bool,
+        help="also write TensorBoard logs under SAVE_PATH/tensorboard (needs lrft[plots]; "
+        "default: on for the demo when tensorboard is installed)",
     ),
     RMFlag(
         name="collective_timeout_s", kind=float, help="seconds a collective may wait (default 600)"
@@ -256,8 +263,6 @@ def train_rm_main(argv: Sequence[str]) -> int:
             flush=True,
         )
         raise
-    if rank == "0" and result.last_eval:
-        headline = {k: v for k, v in result.last_eval.items() if "accuracy" in k}
-        shown = ", ".join(f"{k} {v:.3f}" for k, v in headline.items())
-        print(f"done: {result.steps} steps in {result.seconds:.0f}s; {shown}", flush=True)
+    if rank == "0":
+        print(result.summary(), flush=True)
     return 0

@@ -12,6 +12,7 @@ import attrs
 
 from lrft.api.errors import ConfigError
 from lrft.config import validators as f
+from lrft.extras import tensorboard_available
 from lrft.rewards.judge_template import JUDGE_TEMPLATES, JudgeTemplate, load_judge_template
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -87,6 +88,14 @@ class RMTrainConfig:
     load_checkpoint: bool = False
     overwrite_output: bool = False
     eval_steps: int = -1
+    use_tensorboard: bool = attrs.field(
+        default=attrs.Factory(
+            lambda config: config.pretrain is None and tensorboard_available(), takes_self=True
+        ),
+        validator=f.tensorboard_installed,
+    )
+    """Also write the metrics as TensorBoard scalars under ``SAVE_PATH/tensorboard``; default:
+    on for the built-in demo when tensorboard is installed, as ``lrft train``'s."""
     collective_timeout_s: float = attrs.field(default=600.0, validator=f.positive_float)
 
     def __attrs_post_init__(self) -> None:
@@ -179,6 +188,7 @@ RESUMABLE_RM_SETTINGS = frozenset(
         "eval_dataset",
         "eval_max_samples",
         "eval_steps",
+        "use_tensorboard",
         "collective_timeout_s",
     }
 )
