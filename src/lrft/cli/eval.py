@@ -18,6 +18,7 @@ from lrft.api.errors import ConfigError, LrftError
 from lrft.cli.flags import FLAGS, Flag
 from lrft.cli.lightrft import translate
 from lrft.redaction import redact
+from lrft.run.progress import limit_library_bars
 
 DESCRIPTION = (
     "Evaluate a Hugging Face folder or an lrft checkpoint on a prompt set with any reward: "
@@ -192,6 +193,7 @@ def eval_main(argv: Sequence[str]) -> int:
     rank = os.environ.get("RANK", "0")
     try:
         settings, values = settings_from_args(argv)
+        limit_library_bars(int(rank), requested=True)  # before any model is loaded
         if "RANK" not in os.environ:
             # One process: any free port for its 1-rank group, so two runs can go side by side.
             os.environ.setdefault("MASTER_PORT", str(_free_port()))
