@@ -11,8 +11,10 @@ no model of its own gets the demo's or a preset's first (:mod:`lrft.demos.apply`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import cast
 
 import attrs
 import torch
@@ -110,7 +112,7 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
         getattr(model, "activation_checkpointing_enable", None)
         or model.gradient_checkpointing_enable
     )
-    enable()
+    cast("Callable[[], None]", enable)()
 
 
 def rollout_sampling(config: TrainConfig, eos_token_id: int | None) -> SamplingParams:
