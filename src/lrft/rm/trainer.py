@@ -60,19 +60,27 @@ class RMFitResult:
         return "; ".join([line, *changes])
 
 
-RM_CURVES = CurvesPlot(
-    curves=(
-        Curve(kind="train", name="train/accuracy", label="training pair accuracy"),
-        Curve(kind="eval", name="eval/accuracy", label="held-out pair accuracy"),
-    ),
+def _accuracy_curves(metric: str, what: str, ylabel: str, title: str) -> CurvesPlot:
+    """Training and held-out ``metric`` (``what`` names it in the legend)."""
+    return CurvesPlot(
+        curves=(
+            Curve(kind="train", name=f"train/{metric}", label=f"training {what}"),
+            Curve(kind="eval", name=f"eval/{metric}", label=f"held-out {what}"),
+        ),
+        ylabel=ylabel,
+        title=title,
+    )
+
+
+RM_CURVES = _accuracy_curves(
+    "accuracy",
+    "pair accuracy",
     ylabel="pair accuracy (chosen scored higher)",
     title="lrft train-rm: reward model pair accuracy",
 )
-JUDGE_CURVES = CurvesPlot(
-    curves=(
-        Curve(kind="train", name="train/verdict_accuracy", label="training verdict accuracy"),
-        Curve(kind="eval", name="eval/verdict_accuracy", label="held-out verdict accuracy"),
-    ),
+JUDGE_CURVES = _accuracy_curves(
+    "verdict_accuracy",
+    "verdict accuracy",
     ylabel="verdict accuracy (exact)",
     title="lrft train-rm --generative: judge verdict accuracy",
 )
