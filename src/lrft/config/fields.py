@@ -61,8 +61,9 @@ class TrainFields:
     eval_max_samples: int | None = attrs.field(default=None, validator=f.optional_positive)
     # media (vision-language models) -------------------------------------------------------
     demo: str = attrs.field(default="addition", validator=f.demo)
-    """The built-in demo run when no ``pretrain`` is given: ``addition`` (a tiny Qwen2) or
-    ``vision`` (a tiny Qwen2-VL counting shapes in images)."""
+    """The built-in demo run when no ``pretrain`` is given: ``addition`` (a tiny Qwen2),
+    ``vision`` (a tiny Qwen2-VL counting shapes in images) or ``calculator`` (3-digit sums with a
+    calculator tool, multi-turn)."""
     images_key: str | None = None
     """The column holding each prompt's images (paths relative to the data file, bytes,
     ``{"bytes", "path"}`` records); needs a vision-language ``pretrain`` and

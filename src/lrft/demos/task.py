@@ -213,3 +213,17 @@ def write_jsonl(path: str | os.PathLike[str], problems: Iterable[Problem]) -> Pa
         for row in problem_rows(problems):
             file.write(json.dumps(row) + "\n")
     return path
+
+
+def write_task_files(
+    directory: str | os.PathLike[str], task: AdditionTask, *, rank: int
+) -> tuple[Path, Path]:
+    """``task``'s training and held-out problems as ``train.jsonl`` and ``eval.jsonl`` in
+    ``directory``; each rank writes its own copy and renames it into place (the same bytes
+    whichever rank is first, so ranks need not wait on each other)."""
+    train = Path(directory) / "train.jsonl"
+    held_out = Path(directory) / "eval.jsonl"
+    for path, problems in ((train, task.train_problems()), (held_out, task.eval_problems())):
+        temporary = write_jsonl(path.with_name(f".{path.name}.rank{rank}"), problems)
+        os.replace(temporary, path)
+    return train, held_out
