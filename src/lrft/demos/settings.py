@@ -16,7 +16,7 @@ import attrs
 from lrft.api.errors import ConfigError
 from lrft.config import TrainConfig, value_based_estimators
 from lrft.demos.model import ASSETS_DIR
-from lrft.demos.task import INPUT_KEY, REFERENCE_KEY, AdditionTask, write_task_files
+from lrft.demos.task import AdditionTask, with_task_files
 
 DEMO_REWARD = "lrft.demos:exact_answer"
 """The demo's ``reward_fn``."""
@@ -92,13 +92,11 @@ def demo_config(config: TrainConfig, rank: int) -> TrainConfig:
             "(and --prompt_data, --reward_fn) to train another model"
         )
     data_dir = Path(config.save_path) / "demo_data"
-    train, held_out = write_task_files(data_dir, AdditionTask(), rank=rank)
-    return attrs.evolve(
+    return with_task_files(
         config,
-        pretrain=str(ASSETS_DIR),
-        prompt_data=str(train),
-        eval_dataset=str(held_out),
-        input_key=INPUT_KEY,
-        reference_key=REFERENCE_KEY,
-        reward_fn=DEMO_REWARD,
+        model=ASSETS_DIR,
+        task=AdditionTask(),
+        data_dir=data_dir,
+        reward=DEMO_REWARD,
+        rank=rank,
     )

@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import attrs
-
 from lrft.api.errors import ConfigError
 from lrft.config import TrainConfig
-from lrft.demos.task import INPUT_KEY, REFERENCE_KEY, AdditionTask, write_task_files
+from lrft.demos.task import AdditionTask, with_task_files
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 """The warmed-up model and its tokenizer (``scripts/make_calculator_demo.py`` made them; its
@@ -58,13 +56,11 @@ def calculator_demo_config(config: TrainConfig, rank: int) -> TrainConfig:
             "scripts/make_calculator_demo.py (docs/multi-turn.md), or give --pretrain"
         )
     data_dir = Path(config.save_path) / "demo_data" / "calculator"
-    train, held_out = write_task_files(data_dir, CALCULATOR_TASK, rank=rank)
-    return attrs.evolve(
+    return with_task_files(
         config,
-        pretrain=str(ASSETS_DIR),
-        prompt_data=str(train),
-        eval_dataset=str(held_out),
-        input_key=INPUT_KEY,
-        reference_key=REFERENCE_KEY,
-        reward_fn=CALCULATOR_DEMO_REWARD,
+        model=ASSETS_DIR,
+        task=CALCULATOR_TASK,
+        data_dir=data_dir,
+        reward=CALCULATOR_DEMO_REWARD,
+        rank=rank,
     )
