@@ -35,3 +35,8 @@ def wandb_available() -> bool:
 
 def vllm_available() -> bool:
     return installed("vllm")
+
+
+def math_verify_available() -> bool:
+    """Whether ``--reward_fn math``'s verifier is installed (the ``rewards`` extra)."""
+    return installed("math_verify")

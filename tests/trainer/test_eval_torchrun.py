@@ -79,9 +79,15 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def _reference_greedy_scores(model_dir: Path) -> list[float]:
     """transformers' greedy generate on each prompt, scored by the same reward function."""
+    return [score for score, _ in _reference_greedy(model_dir)]
+
+
+def _reference_greedy(model_dir: Path) -> list[tuple[float, str]]:
+    """transformers' greedy generate on each prompt: its score by the same reward function and
+    its text."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    scores = []
+    scored = []
     for prompt, label in PROMPTS:
         ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
         with torch.no_grad():
@@ -90,8 +96,9 @@ def _reference_greedy_scores(model_dir: Path) -> list[float]:
                 max_new_tokens=NEW_TOKENS, pad_token_id=tokenizer.pad_token_id,
             )  # fmt: skip
         text = str(tokenizer.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=True))
-        scores.append(digit_fraction(RewardSample(prompt=prompt, response=text, label=label)))
-    return scores
+        score = digit_fraction(RewardSample(prompt=prompt, response=text, label=label))
+        scored.append((score, text))
+    return scored
 
 
 def _pass_at_k(n: int, c: int, k: int) -> float:
@@ -122,6 +129,21 @@ def test_eval_on_two_ranks_scores_every_prompt_once_with_the_published_metrics(
     assert all(len(row["sample_scores"]) == 4 for row in rows)
     reference = _reference_greedy_scores(model)
     assert [row["greedy_score"] for row in rows] == pytest.approx(reference)
+    # the responses scored are in the report: the greedy one is transformers' greedy text, and
+    # each sampled one scores as reported under the same reward
+    assert [row["prompt"] for row in rows] == [prompt for prompt, _ in PROMPTS]
+    assert [row["greedy_response"] for row in rows] == [t for _, t in _reference_greedy(model)]
+    for row, (prompt, label) in zip(rows, PROMPTS, strict=True):
+        assert len(row["sample_responses"]) == 4
+        rescored = [
+            digit_fraction(RewardSample(prompt=prompt, response=text, label=label))
+            for text in row["sample_responses"]
+        ]
+        assert rescored == pytest.approx(row["sample_scores"])
+    # the model-loading bars of transformers are not drawn by every rank (stderr is no terminal
+    # here: by none), and the console names what it evaluated
+    assert "Loading weights" not in done.stderr
+    assert f"evaluating the model folder {model}" in done.stdout.splitlines()
     assert len(set(reference)) > 1  # scores that vary: the comparison can tell prompts apart
     metrics = report["metrics"]
     expected = _summary(rows, 4, (1, 2, 4))
@@ -153,10 +175,15 @@ def test_eval_of_a_checkpoint_scores_as_the_model_exported_from_it(
     scores = {}
     for name, target in [("checkpoint", checkpoints), ("export", save / "hf_model")]:
         report = tmp_path / f"{name}.json"
-        _lrft(_eval_args(target, data, report), ranks=1)
+        done = _lrft(_eval_args(target, data, report), ranks=1)
         loaded = json.loads(report.read_text())
         scores[name] = [row["greedy_score"] for row in loaded["per_prompt"]]
         if name == "checkpoint":
             assert loaded["checkpoint"] == str(checkpoints / "global_step1")
+            chosen = (
+                f"evaluating checkpoint {checkpoints / 'global_step1'} (the newest in "
+                f"{checkpoints}), over its base model {model}"
+            )
+            assert chosen in done.stdout.splitlines()
     assert scores["checkpoint"] == scores["export"]
     assert scores["export"] == pytest.approx(_reference_greedy_scores(save / "hf_model"))

@@ -6,6 +6,7 @@ plain transformers forward of the exported folder does and preferring the right 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -84,12 +85,39 @@ def test_a_resumed_run_ends_bit_identical_to_a_straight_one(tmp_path: Path) -> N
 
 
 @pytest.fixture(scope="module")
-def demo_rm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The built-in demo, shortened: 150 of its 426 steps."""
+def demo_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The built-in demo, shortened: 150 of its 426 steps; its folder and its output."""
     save = tmp_path_factory.mktemp("rm_demo")
     done = _run(["train-rm", f"--save_path={save}", "--max_steps=150", "--eval_steps=150"])
     assert done.returncode == 0, done.stderr[-3000:]
-    return save
+    return save, done
+
+
+@pytest.fixture(scope="module")
+def demo_rm(demo_run: tuple[Path, subprocess.CompletedProcess[str]]) -> Path:
+    return demo_run[0]
+
+
+def test_the_demo_writes_curves_tensorboard_and_a_closing_summary(
+    demo_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    save, done = demo_run
+    evals = [r for r in read_metrics(save / "metrics.jsonl") if r["kind"] == "eval"]
+    first, last = evals[0]["eval/accuracy"], evals[-1]["eval/accuracy"]
+    lines = done.stdout.splitlines()
+    assert lines[-1].startswith("done: 150 steps in ")
+    assert lines[-1].endswith(f"s; held-out accuracy {first:.3f} -> {last:.3f}")
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert f"curves written to {save / 'curves.png'}" in lines
+        assert (save / "curves.png").stat().st_size > 0
+    if importlib.util.find_spec("tensorboard") is not None:  # the demo's default, as lrft train's
+        assert f"TensorBoard logs in {save / 'tensorboard'}" in lines
+        assert list((save / "tensorboard").glob("events.out.tfevents.*"))
+    # the new score head: one quiet line, no MISSING report
+    assert "MISSING" not in done.stdout + done.stderr
+    assert sum("the score head is new" in line for line in lines) == 1
 
 
 def test_the_demo_learns_its_preferences(demo_rm: Path) -> None:

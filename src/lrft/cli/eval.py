@@ -20,6 +20,7 @@ from lrft.cli.flags import FLAGS, add_flag, shown_default, translate_names
 from lrft.cli.launch import command_parser, single_process_env
 from lrft.cli.lightrft import translate
 from lrft.redaction import redact
+from lrft.run.progress import limit_library_bars
 
 DESCRIPTION = (
     "Evaluate a Hugging Face folder or an lrft checkpoint on a prompt set with any reward: "
@@ -190,6 +191,7 @@ def eval_main(argv: Sequence[str]) -> int:
     rank = os.environ.get("RANK", "0")
     try:
         settings, values = settings_from_args(argv)
+        limit_library_bars(int(rank), requested=True)  # before any model is loaded
         single_process_env(any_port=True)
         run_eval(settings, values)
     except ConfigError as error:

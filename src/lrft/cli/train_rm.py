@@ -95,8 +95,6 @@ def train_rm_main(argv: Sequence[str]) -> int:
             flush=True,
         )
         raise
-    if rank == "0" and result.last_eval:
-        headline = {k: v for k, v in result.last_eval.items() if "accuracy" in k}
-        shown = ", ".join(f"{k} {v:.3f}" for k, v in headline.items())
-        print(f"done: {result.steps} steps in {result.seconds:.0f}s; {shown}", flush=True)
+    if rank == "0":
+        print(result.summary(), flush=True)
     return 0

@@ -24,7 +24,8 @@ HF_DECODE_PATHS = registry.declared_engine_facts()["hf"].decode_paths
 """The hf engine's decoding paths (``HFEngineConfig.decode``), from its registry entry."""
 PRESET_NAMES: tuple[str, ...] = ("smollm2",)
 """The presets ``lrft train --preset`` offers; each is defined in :mod:`lrft.presets`."""
-DEMO_NAMES: tuple[str, ...] = ("addition", "vision")
+DEMO_NAMES: tuple[str, ...] = ("addition", "vision", "calculator")
 """The built-in demos ``lrft train --demo`` runs when no model is given: two-digit addition on a
-tiny Qwen2 (:mod:`lrft.demos`), or counting shapes in images on a tiny Qwen2-VL
-(:mod:`lrft.demos.vision`)."""
+tiny Qwen2 (:mod:`lrft.demos`), counting shapes in images on a tiny Qwen2-VL
+(:mod:`lrft.demos.vision`), or 3-digit addition with a calculator tool in multi-turn episodes
+(:mod:`lrft.demos.calculator`)."""

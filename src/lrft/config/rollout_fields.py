@@ -68,8 +68,9 @@ class RolloutFields:
         metadata=flag(FlagGroup.MODEL_AND_DATA, choices=DEMO_NAMES),
     )
     """The built-in demo run when neither ``pretrain`` nor ``preset`` is given: addition (a tiny
-    Qwen2 learns two-digit sums) or vision (a tiny Qwen2-VL learns to count shapes in images;
-    needs pillow: ``pip install 'lrft[data]'``)."""
+    Qwen2 learns two-digit sums), vision (a tiny Qwen2-VL learns to count shapes in images;
+    needs pillow: ``pip install 'lrft[data]'``) or calculator (3-digit sums with a calculator
+    tool, multi-turn)."""
     prompt_data: str | None = attrs.field(default=None, metadata=MODEL_AND_DATA)
     """Training prompts: a .jsonl/.json/.parquet file or a datasets folder; several sources
     comma-separated."""

@@ -24,6 +24,7 @@ from lrft.api.errors import ConfigError
 from lrft.backends import registry
 from lrft.backends.registry import Kind
 from lrft.config.choices import DEMO_NAMES, HF_DECODE_PATHS, PRESET_NAMES
+from lrft.extras import PLOTS_EXTRA, tensorboard_available
 from lrft.redaction import redact
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -114,6 +115,14 @@ def demo(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
     if value not in DEMO_NAMES:
         raise ConfigError(
             f"{attribute.name} {value!r} is unknown; choose one of {list(DEMO_NAMES)}"
+        )
+
+
+def tensorboard_installed(_: object, attribute: attrs.Attribute[Any], value: bool) -> None:
+    """A switch that writes TensorBoard logs may be on only where tensorboard is installed."""
+    if value and not tensorboard_available():
+        raise ConfigError(
+            f"{attribute.name} needs the tensorboard package, which is not installed: {PLOTS_EXTRA}"
         )
 
 

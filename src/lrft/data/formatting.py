@@ -95,11 +95,38 @@ class PromptFormat:
 
 
 def check_tokenizer(prompt_format: PromptFormat, tokenizer: PreTrainedTokenizerBase) -> None:
-    """Fail before reading any data if the chat template is asked for but missing."""
+    """Fail before reading any data if the chat template is asked for but missing, or cannot
+    take the system prompt."""
     if prompt_format.apply_chat_template and not tokenizer.chat_template:
         raise ConfigError(
             f"apply_chat_template=True but the tokenizer ({type(tokenizer).__name__}) has no "
             "chat_template; set one on the tokenizer, or use an input_template instead"
+        )
+    if prompt_format.system_prompt is not None:
+        check_system_role(prompt_format.system_prompt, tokenizer)
+
+
+def check_system_role(system_prompt: str, tokenizer: PreTrainedTokenizerBase) -> None:
+    """Refuse ``system_prompt`` when the tokenizer's chat template has no system role: it raises
+    on a system message (as Gemma's and many small models' templates do) or renders the
+    conversation without the system prompt's text."""
+    messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": "Hi"}]
+    fix = "drop --system_prompt, or write the instructions into --input_template instead"
+    try:
+        rendered = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+    # A template's raise_exception is a jinja2 TemplateError; a template may fail in other ways
+    # on a role it does not expect (a KeyError, a TypeError): each means the same here.
+    except Exception as error:
+        raise ConfigError(
+            f"--system_prompt is set, but the model's chat template cannot take a system "
+            f"message: it raised {type(error).__name__}: {error}; {fix}"
+        ) from error
+    if isinstance(rendered, str) and system_prompt.strip() not in rendered:
+        raise ConfigError(
+            "--system_prompt is set, but the model's chat template drops system messages (the "
+            f"rendered prompt does not contain it); {fix}"
         )
 
 

@@ -8,7 +8,6 @@ trains the shipped model (:mod:`lrft.demos.model`) on the task's prompt files
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import attrs
 from lrft.api.errors import ConfigError
 from lrft.config import TrainConfig, value_based_estimators
 from lrft.demos.model import ASSETS_DIR
-from lrft.demos.task import INPUT_KEY, REFERENCE_KEY, AdditionTask, write_jsonl
+from lrft.demos.task import AdditionTask, with_task_files
 
 DEMO_REWARD = "lrft.demos:exact_answer"
 """The demo's ``reward_fn``."""
@@ -51,11 +50,15 @@ rate 0.92, as the full model does (docs/lora.md)."""
 
 def demo_settings(values: Mapping[str, object]) -> dict[str, object]:
     """The demo's defaults for a command line whose own settings are ``values`` (the vision
-    demo's with ``demo`` ``vision``)."""
+    or calculator demo's with ``demo`` ``vision`` or ``calculator``)."""
     if values.get("demo") == "vision":
         from lrft.demos.vision.settings import VISION_DEMO_SETTINGS
 
         return dict(VISION_DEMO_SETTINGS)
+    if values.get("demo") == "calculator":
+        from lrft.demos.calculator.settings import CALCULATOR_DEMO_SETTINGS
+
+        return dict(CALCULATOR_DEMO_SETTINGS)
     estimator = values.get(
         "advantage_estimator", attrs.fields_dict(TrainConfig)["advantage_estimator"].default
     )
@@ -74,6 +77,10 @@ def chosen_demo_config(config: TrainConfig, rank: int) -> TrainConfig:
         from lrft.demos.vision.settings import vision_demo_config
 
         return vision_demo_config(config, rank)
+    if config.demo == "calculator":
+        from lrft.demos.calculator.settings import calculator_demo_config
+
+        return calculator_demo_config(config, rank)
     return demo_config(config, rank)
 
 
@@ -84,20 +91,12 @@ def demo_config(config: TrainConfig, rank: int) -> TrainConfig:
             f"the built-in demo model is missing from {ASSETS_DIR}; give --pretrain "
             "(and --prompt_data, --reward_fn) to train another model"
         )
-    task = AdditionTask()
     data_dir = Path(config.save_path) / "demo_data"
-    train = data_dir / "train.jsonl"
-    held_out = data_dir / "eval.jsonl"
-    # Every rank writes its own copy and renames it into place: same bytes, no race.
-    for path, problems in ((train, task.train_problems()), (held_out, task.eval_problems())):
-        temporary = write_jsonl(path.with_name(f".{path.name}.rank{rank}"), problems)
-        os.replace(temporary, path)
-    return attrs.evolve(
+    return with_task_files(
         config,
-        pretrain=str(ASSETS_DIR),
-        prompt_data=str(train),
-        eval_dataset=str(held_out),
-        input_key=INPUT_KEY,
-        reference_key=REFERENCE_KEY,
-        reward_fn=DEMO_REWARD,
+        model=ASSETS_DIR,
+        task=AdditionTask(),
+        data_dir=data_dir,
+        reward=DEMO_REWARD,
+        rank=rank,
     )

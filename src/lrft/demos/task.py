@@ -18,11 +18,15 @@ import random
 import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 
 from lrft.api import validators as v
 from lrft.api.errors import ConfigError
+
+if TYPE_CHECKING:
+    from lrft.config import TrainConfig
 
 EOS_TEXT = "<|endoftext|>"
 """The demo tokenizer's end-of-sequence token, as text (a decoded response may still hold it)."""
@@ -213,3 +217,40 @@ def write_jsonl(path: str | os.PathLike[str], problems: Iterable[Problem]) -> Pa
         for row in problem_rows(problems):
             file.write(json.dumps(row) + "\n")
     return path
+
+
+def write_task_files(
+    directory: str | os.PathLike[str], task: AdditionTask, *, rank: int
+) -> tuple[Path, Path]:
+    """``task``'s training and held-out problems as ``train.jsonl`` and ``eval.jsonl`` in
+    ``directory``; each rank writes its own copy and renames it into place (the same bytes
+    whichever rank is first, so ranks need not wait on each other)."""
+    train = Path(directory) / "train.jsonl"
+    held_out = Path(directory) / "eval.jsonl"
+    for path, problems in ((train, task.train_problems()), (held_out, task.eval_problems())):
+        temporary = write_jsonl(path.with_name(f".{path.name}.rank{rank}"), problems)
+        os.replace(temporary, path)
+    return train, held_out
+
+
+def with_task_files(
+    config: TrainConfig,
+    *,
+    model: Path,
+    task: AdditionTask,
+    data_dir: Path,
+    reward: str,
+    rank: int,
+) -> TrainConfig:
+    """``config`` training ``model`` on ``task``'s prompt files (written into ``data_dir`` by
+    :func:`write_task_files`), scored by ``reward``: what an addition demo fills in."""
+    train, held_out = write_task_files(data_dir, task, rank=rank)
+    return attrs.evolve(
+        config,
+        pretrain=str(model),
+        prompt_data=str(train),
+        eval_dataset=str(held_out),
+        input_key=INPUT_KEY,
+        reference_key=REFERENCE_KEY,
+        reward_fn=reward,
+    )

@@ -36,12 +36,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 @attrs.frozen(kw_only=True)
 class PromptResult:
-    """One prompt's evaluation: its source row, label, greedy reward, and sampled rewards."""
+    """One prompt's evaluation: its source row, label, greedy reward, and sampled rewards, with
+    the prompt as the model saw it and the responses scored."""
 
     index: int
     label: str
     greedy_score: float | None
     sample_scores: tuple[float, ...] = ()
+    prompt: str = ""
+    greedy_response: str | None = None
+    sample_responses: tuple[str, ...] = ()
 
     def correct(self, threshold: float) -> int:
         return sum(score > threshold for score in self.sample_scores)
@@ -57,6 +61,9 @@ class PromptResult:
             "samples": len(self.sample_scores),
             "correct": self.correct(threshold),
             "sample_scores": list(self.sample_scores),
+            "prompt": self.prompt,
+            "greedy_response": self.greedy_response,
+            "sample_responses": list(self.sample_responses),
         }
 
 

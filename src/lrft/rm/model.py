@@ -10,6 +10,8 @@ both load.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers import (
     AutoConfig,
@@ -57,10 +59,15 @@ def scalar_rm_config(path: str, tokenizer: PreTrainedTokenizerBase) -> Pretraine
 
 
 def load_scalar_rm(
-    path: str, tokenizer: PreTrainedTokenizerBase, *, seed: int
+    path: str,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    seed: int,
+    announce: Callable[[str], None] | None = None,
 ) -> tuple[PreTrainedModel, PretrainedConfig]:
     """The reward model to train from folder ``path``, in fp32, and its config.
 
+    ``announce`` gets one line when the score head is new (a causal-LM folder).
     Raises ``ConfigError`` when the architecture has no sequence-classification form, when it
     has no one-output linear ``score`` head, or when backbone weights are missing.
     """
@@ -75,6 +82,7 @@ def load_scalar_rm(
         form="sequence-classification",
         purpose="the score head",
         seed=seed,
+        announce=announce,
     )
     model.train()
     return model, config

@@ -30,7 +30,7 @@ from lrft.rm.data import ExampleSet, JudgeExample, PreferencePair
 from lrft.rm.objectives import Objective
 from lrft.run import checkpoint as ckpt
 from lrft.run.export import HF_MODEL_DIR
-from lrft.run.metrics import MetricsWriter
+from lrft.run.metrics import Curve, CurvesPlot, MetricsWriter, report_outputs
 from lrft.run.outputs import claim_outputs, own_outputs
 from lrft.run.resume import check_resume_settings
 
@@ -45,6 +45,45 @@ class RMFitResult:
     first_eval: dict[str, float] | None
     last_eval: dict[str, float] | None
     seconds: float
+
+    def summary(self) -> str:
+        """The run's closing line: its steps and time, and each held-out accuracy from the
+        first evaluation to the last."""
+        line = f"done: {self.steps} steps in {self.seconds:.0f}s"
+        if not self.first_eval or not self.last_eval:
+            return f"{line} (no held-out set)"
+        changes = [
+            f"held-out {name.removeprefix('eval/')} {self.first_eval[name]:.3f} -> {value:.3f}"
+            for name, value in self.last_eval.items()
+            if name.endswith("accuracy") and name in self.first_eval
+        ]
+        return "; ".join([line, *changes])
+
+
+def _accuracy_curves(metric: str, what: str, ylabel: str, title: str) -> CurvesPlot:
+    """Training and held-out ``metric`` (``what`` names it in the legend)."""
+    return CurvesPlot(
+        curves=(
+            Curve(kind="train", name=f"train/{metric}", label=f"training {what}"),
+            Curve(kind="eval", name=f"eval/{metric}", label=f"held-out {what}"),
+        ),
+        ylabel=ylabel,
+        title=title,
+    )
+
+
+RM_CURVES = _accuracy_curves(
+    "accuracy",
+    "pair accuracy",
+    ylabel="pair accuracy (chosen scored higher)",
+    title="lrft train-rm: reward model pair accuracy",
+)
+JUDGE_CURVES = _accuracy_curves(
+    "verdict_accuracy",
+    "verdict accuracy",
+    ylabel="verdict accuracy (exact)",
+    title="lrft train-rm --generative: judge verdict accuracy",
+)
 
 
 def _max_over_ranks(count: int, device: torch.device) -> int:
@@ -93,7 +132,7 @@ class RMTrainer(Generic[E]):
             seed=config.seed,
         )
         self.metrics = MetricsWriter(
-            Path(config.save_path), enabled=self.rank == 0, tensorboard=False
+            Path(config.save_path), enabled=self.rank == 0, tensorboard=config.use_tensorboard
         )
         self.step = 0
         self.run_id: str | None = None
@@ -255,6 +294,8 @@ class RMTrainer(Generic[E]):
         target = Path(self.config.save_path) / HF_MODEL_DIR
         self.export(target)
         self._say(f"Hugging Face model written to {target}")
+        plot = JUDGE_CURVES if self.config.generative else RM_CURVES
+        report_outputs(self.metrics, Path(self.config.save_path), plot, self._say)
         return RMFitResult(
             steps=self.step, first_eval=first, last_eval=last, seconds=time.perf_counter() - start
         )

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from lrft.extras import PLOTS_EXTRA, matplotlib_available, tensorboard_available
 
@@ -158,28 +160,86 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def plot_curves(metrics_path: Path, output: Path) -> bool:
-    """Training reward and held-out accuracy against the step; ``False`` without matplotlib.
+@attrs.frozen(kw_only=True)
+class Curve:
+    """One line of the curves PNG: metric ``name`` of the records of ``kind``."""
 
-    The figure is 600 x 400 pixels.
-    """
-    if not matplotlib_available():
-        return False
+    kind: str
+    name: str
+    label: str
+
+
+@attrs.frozen(kw_only=True)
+class CurvesPlot:
+    """What the curves PNG shows: its lines, the y axis's label and the title."""
+
+    curves: tuple[Curve, ...]
+    ylabel: str
+    title: str
+
+
+TRAIN_CURVES = CurvesPlot(
+    curves=(
+        Curve(kind="train", name="train/reward_mean", label="train reward (mean)"),
+        Curve(kind="eval", name="eval/accuracy", label="held-out accuracy (greedy)"),
+    ),
+    ylabel="reward / accuracy",
+    title="lrft train: training reward and held-out accuracy",
+)
+"""``lrft train``'s curves."""
+
+
+def curves_figure(records: Sequence[Mapping[str, Any]], plot: CurvesPlot) -> Any:
+    """A 6 x 4 inch matplotlib figure of ``plot``'s lines against the step (a record that lacks
+    a line's metric, or holds ``None`` for it, is not a point of that line). Needs matplotlib."""
     import matplotlib  # type: ignore[import-not-found, unused-ignore]  # optional (lrft[plots]), untyped
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]  # optional (lrft[plots]), untyped
 
-    records = read_metrics(metrics_path)
-    train = [(r["step"], r["train/reward_mean"]) for r in records if r["kind"] == "train"]
-    evals = [(r["step"], r["eval/accuracy"]) for r in records if r["kind"] == "eval"]
     figure, axis = plt.subplots(figsize=(6, 4))
-    if train:
-        axis.plot(*zip(*train, strict=True), label="train reward (mean)")
-    if evals:
-        axis.plot(*zip(*evals, strict=True), marker="o", label="held-out accuracy (greedy)")
+    for curve in plot.curves:
+        points = [
+            (r["step"], r[curve.name])
+            for r in records
+            if r["kind"] == curve.kind and r.get(curve.name) is not None
+        ]
+        if points:
+            steps, values = zip(*points, strict=True)
+            axis.plot(
+                steps, values, marker="o" if curve.kind == "eval" else None, label=curve.label
+            )
     axis.set_xlabel("step")
-    axis.legend()
+    axis.set_ylabel(plot.ylabel)
+    axis.set_title(plot.title)
+    if axis.lines:
+        axis.legend()
+    return figure
+
+
+def plot_curves(metrics_path: Path, output: Path, plot: CurvesPlot = TRAIN_CURVES) -> bool:
+    """``plot`` of the records in ``metrics_path`` as a PNG at ``output``; ``False`` without
+    matplotlib. The figure is 600 x 400 pixels."""
+    if not matplotlib_available():
+        return False
+    import matplotlib.pyplot as plt  # type: ignore[import-not-found, unused-ignore]  # optional (lrft[plots]), untyped
+
+    figure = curves_figure(read_metrics(metrics_path), plot)
     figure.savefig(output, dpi=100)
     plt.close(figure)
     return True
+
+
+def report_outputs(
+    metrics: MetricsWriter, save_path: Path, plot: CurvesPlot, say: Callable[[str], None]
+) -> None:
+    """At the end of a run, on rank 0: write the curves PNG and name it and the TensorBoard
+    logs (``say`` prints a line)."""
+    if metrics.jsonl.enabled and metrics.path.exists():
+        png = save_path / CURVES_FILE
+        if plot_curves(metrics.path, png, plot):
+            say(f"curves written to {png}")
+        else:
+            say(f"matplotlib is not installed: no curve PNG (metrics are in JSONL; {PLOTS_EXTRA})")
+    if metrics.tensorboard is not None:
+        say(f"TensorBoard logs in {metrics.tensorboard.log_dir}")

@@ -53,6 +53,15 @@ def library_bars_allowed(*, rank: int, requested: bool, stream: TextIO) -> bool:
     return rank == 0 and requested and is_terminal(stream)
 
 
+def limit_library_bars(rank: int, *, requested: bool, stream: TextIO | None = None) -> None:
+    """Leave the libraries' bars (transformers' "Loading weights", datasets' maps) to rank 0
+    when ``requested`` and ``stream`` (stderr) is a terminal; silence them everywhere else.
+    Call before loading anything."""
+    shown_on = sys.stderr if stream is None else stream
+    if not library_bars_allowed(rank=rank, requested=requested, stream=shown_on):
+        silence_library_bars()
+
+
 def silence_library_bars() -> None:
     """Turn library progress bars off in this process and the processes it starts.
 

@@ -11,8 +11,10 @@ no model of its own gets the demo's or a preset's first (:mod:`lrft.demos.apply`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import cast
 
 import attrs
 import torch
@@ -72,7 +74,7 @@ def build_critic(
     model = load_critic(path, seed=config.seed, attn_implementation=config.attn_implementation)
     keep_vision_tower_running(model)  # as the actor's (see causal_lm)
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()  # type: ignore[no-untyped-call]  # unannotated in transformers
+        enable_activation_checkpointing(model)
     critic = backend.prepare_trainable(
         model, optimizer=config.optimizer_config(config.critic_lr), scheduler=schedule
     )
@@ -95,8 +97,21 @@ def _policy_model(config: TrainConfig) -> torch.nn.Module:
     if config.freeze_audio_tower:
         freeze_audio_tower(model)
     if config.gradient_checkpointing:
-        model.gradient_checkpointing_enable()  # type: ignore[operator]  # a transformers model, typed as a plain Module
+        enable_activation_checkpointing(model)
     return model
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute each layer's activations in the backward pass (``--gradient_checkpointing``).
+
+    transformers 5.2x renamed ``gradient_checkpointing_enable`` to
+    ``activation_checkpointing_enable`` (the old name warns on every rank); earlier releases have
+    only the old one."""
+    enable = (
+        getattr(model, "activation_checkpointing_enable", None)
+        or model.gradient_checkpointing_enable
+    )
+    cast("Callable[[], None]", enable)()
 
 
 def causal_lm(config: TrainConfig) -> torch.nn.Module:

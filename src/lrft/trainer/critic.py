@@ -13,7 +13,6 @@ which the policy chose that token.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
 import attrs
@@ -26,7 +25,7 @@ from lrft.api.protocols import FrozenModel, TrainableModel
 from lrft.trainer._update_loop import Metrics, step_groups
 from lrft.trainer.micro_batches import PackedMicroBatch, PackedPart, packed_passes
 from lrft.trainer.replay import ReplayBuffer
-from lrft.trainer.sequences import Sequences, forward_inputs
+from lrft.trainer.sequences import Sequences, forward_inputs, fsdp2_view_outputs_safe
 
 
 def response_values(
@@ -37,11 +36,9 @@ def response_values(
     Differentiable when grad is enabled. The forward may be collective (FSDP all-gathers): every
     rank calls it equally often.
     """
-    with warnings.catch_warnings():
-        # The token-classification head returns its Linear's output, a view; FSDP2 (torch 2.13)
-        # warns that an in-place op on it would skip its backward hook. Nothing here writes to
-        # it in place (gather and masked_fill below make new tensors).
-        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view")
+    # The token-classification head returns its Linear's output, a view, which FSDP2 warns of;
+    # nothing here writes to it in place (gather and masked_fill below make new tensors).
+    with fsdp2_view_outputs_safe():
         # rows with images: the actor's inputs (their media tensors and m-RoPE positions)
         inputs = (
             {

@@ -32,7 +32,12 @@ from lrft.dist import all_gather_objects, tp_group_generate
 from lrft.rewards import RewardError, RewardFn, RewardOutput, RewardSample, compute_rewards
 from lrft.trainer.logprobs import response_logprobs as fused_response_logprobs
 from lrft.trainer.sampling import fire_generate
-from lrft.trainer.sequences import Sequences, forward_inputs, response_positions
+from lrft.trainer.sequences import (
+    Sequences,
+    forward_inputs,
+    fsdp2_view_outputs_safe,
+    response_positions,
+)
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -80,7 +85,8 @@ def response_logits(
     The full-vocabulary path, for what needs the whole distribution (the entropy); the
     differentiable forward may be collective, like :func:`response_logprobs`.
     """
-    logits: Tensor = module(**forward_inputs(module, sequences, device)).logits
+    with fsdp2_view_outputs_safe():
+        logits: Tensor = module(**forward_inputs(module, sequences, device)).logits
     positions = response_positions(sequences).to(device)
     picked = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1])).float()
     if first_token_temperature is None:

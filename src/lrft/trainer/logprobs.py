@@ -21,7 +21,12 @@ import torch
 from torch import Tensor
 
 from lrft.algo.logprobs import DEFAULT_CHUNK_TOKENS, chunked_token_logprobs
-from lrft.trainer.sequences import Sequences, forward_inputs, response_positions
+from lrft.trainer.sequences import (
+    Sequences,
+    forward_inputs,
+    fsdp2_view_outputs_safe,
+    response_positions,
+)
 
 # Config attributes of transformers models that transform the head's output before returning
 # it as logits; a model that sets any of them is computed the plain way.
@@ -62,7 +67,8 @@ def plain_response_logprobs(
 
     The reference definition; :func:`response_logprobs` equals it.
     """
-    logits: Tensor = module(**forward_inputs(module, sequences, device)).logits
+    with fsdp2_view_outputs_safe():
+        logits: Tensor = module(**forward_inputs(module, sequences, device)).logits
     positions = response_positions(sequences).to(device)
     picked = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))
     logprobs = torch.log_softmax(picked.float() / temperature, dim=-1)
@@ -144,7 +150,8 @@ def response_logprobs(
         head.register_forward_hook(hooks.after, prepend=True),
     ]
     try:
-        result: Tensor = module(**forward_inputs(module, sequences, device)).logits
+        with fsdp2_view_outputs_safe():
+            result: Tensor = module(**forward_inputs(module, sequences, device)).logits
     finally:
         for handle in handles:
             handle.remove()

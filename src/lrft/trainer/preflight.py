@@ -8,6 +8,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from lrft.backends.train.lora import check_lora_model
 from lrft.config import TrainConfig
+from lrft.data.formatting import check_system_role
 from lrft.run import checkpoint as ckpt
 from lrft.run.resume import check_resume_settings, checkpoint_to_resume
 from lrft.trainer.episodes import environment_setup
@@ -19,6 +20,7 @@ def check_before_start(config: TrainConfig) -> None:
     config.validate_inputs()
     _check_resume(config)
     check_reward_settings(config)
+    _check_system_prompt(config)
     _check_lora(config)
     _check_environment(config)
 
@@ -30,6 +32,16 @@ def _check_resume(config: TrainConfig) -> None:
     latest = checkpoint_to_resume(config)
     if latest is not None:
         check_resume_settings(ckpt.read_manifest(latest), config, latest)
+
+
+def _check_system_prompt(config: TrainConfig) -> None:
+    """The model's chat template takes the system prompt."""
+    if config.system_prompt is None:
+        return
+    assert config.pretrain is not None
+    tokenizer = AutoTokenizer.from_pretrained(config.pretrain)
+    if tokenizer.chat_template:  # else a processor's template, checked when prompts are made
+        check_system_role(config.system_prompt, tokenizer)
 
 
 def _check_lora(config: TrainConfig) -> None:

@@ -26,6 +26,7 @@ import attrs
 import torch
 import torch.distributed as dist
 
+from lrft import extras
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel, TrainBackend
 from lrft.api.types import ModelPart
@@ -75,8 +76,16 @@ def load_reward(spec: str, reference_key: str | None) -> RewardFn:
 def check_reward_settings(config: TrainConfig) -> None:
     """What can be checked of the reward models and services before any process group starts:
     each ``reward_pretrain`` is a sequence-classification folder with one label, each
-    ``grm_pretrain`` a model folder that generates, the recipes file is well formed, and httpx
-    is installed for ``remote_rm_url``. Raises ``ConfigError`` naming the path or the package."""
+    ``grm_pretrain`` a model folder that generates, the recipes file is well formed, and the
+    packages the rewards need are installed (math-verify for ``reward_fn`` ``math``, httpx for
+    ``remote_rm_url``). Raises ``ConfigError`` naming the path or the package."""
+    if config.reward_fn == "math" and not extras.math_verify_available():
+        # Checked here: the verifier is imported only by its worker process, at the first
+        # scoring, long after the ranks have started and loaded their models.
+        raise ConfigError(
+            f"--reward_fn math needs the math-verify package, which is not installed: "
+            f"{REWARDS_EXTRA}"
+        )
     for path in config.reward_pretrain:
         config_file = Path(path) / "config.json"
         if not config_file.is_file():

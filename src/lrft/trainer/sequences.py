@@ -11,7 +11,9 @@ with (:func:`forward_inputs`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -118,6 +120,27 @@ def row_media(prompts: Sequence[PromptSample], n: int) -> list[ProcessedMedia | 
         for prompt in prompts
         for _ in range(n)
     ]
+
+
+FSDP2_VIEW_WARNING = r"FSDP2-wrapped module \(.*\) returned a view tensor"
+"""The start of the warning FSDP2 (torch 2.13, ``_fsdp_state._register_pre_backward_hook``)
+gives on every forward with grad whose module returns a view among its outputs."""
+
+
+@contextlib.contextmanager
+def fsdp2_view_outputs_safe() -> Iterator[None]:
+    """Silence FSDP2's "returned a view tensor" warning around a model forward of lrft's.
+
+    An in-place op on such a view would skip FSDP2's pre-backward hook. lrft's forwards read the
+    output's logits (or, with the head intercepted, the log-probabilities it returns) and make
+    every later tensor out of place (gather, log_softmax, masked_fill, arithmetic), so no
+    output is ever written in place: the warning (a Qwen2-VL actor and any token-classification
+    critic give it on every rank, every step) says nothing about these calls. Only this message
+    is filtered, and only inside the ``with``.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=FSDP2_VIEW_WARNING, category=UserWarning)
+        yield
 
 
 def forward_inputs(

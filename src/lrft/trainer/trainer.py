@@ -23,7 +23,7 @@ from lrft.dist import PhaseWatch, mean_over_ranks, sum_over_ranks
 from lrft.redaction import redact
 from lrft.run import checkpoint as ckpt
 from lrft.run.export import HF_MODEL_DIR
-from lrft.run.metrics import CURVES_FILE, plot_curves
+from lrft.run.metrics import TRAIN_CURVES, report_outputs
 from lrft.run.outputs import claim_outputs, own_outputs
 from lrft.run.resume import check_resume_settings, check_schedule, checkpoint_to_resume
 from lrft.trainer.colocation import Colocation
@@ -413,11 +413,4 @@ class RLTrainer:
             with self.watch.phase("export"):
                 self.export(target)
             self._say(f"Hugging Face model written to {target}")
-        if self.rank == 0 and self.metrics.path.exists():
-            png = Path(self.config.save_path) / CURVES_FILE
-            if plot_curves(self.metrics.path, png):
-                self._say(f"curves written to {png}")
-            else:
-                self._say("matplotlib is not installed: no curve PNG (metrics are in JSONL)")
-        if self.metrics.tensorboard is not None:
-            self._say(f"TensorBoard logs in {self.metrics.tensorboard.log_dir}")
+        report_outputs(self.metrics, Path(self.config.save_path), TRAIN_CURVES, self._say)

@@ -101,6 +101,35 @@ def test_chat_template_asked_for_but_missing_fails_before_any_row() -> None:
     check_tokenizer(PromptFormat(), bare)  # no chat template needed
 
 
+NO_SYSTEM_ROLE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+    "{% endif %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+)
+DROPS_SYSTEM = (
+    "{% for message in messages %}{% if message['role'] == 'user' %}"
+    "<|im_start|>user\n{{ message['content'] }}<|im_end|>\n{% endif %}{% endfor %}"
+)
+
+
+def test_a_system_prompt_on_a_template_without_a_system_role_is_a_config_error() -> None:
+    told = PromptFormat(apply_chat_template=True, system_prompt="Be brief.")
+    check_tokenizer(told, build_tokenizer())  # the test template has a system role
+    with pytest.raises(ConfigError) as raised:
+        check_tokenizer(told, build_tokenizer(chat_template=NO_SYSTEM_ROLE))
+    message = str(raised.value)
+    assert message.startswith("--system_prompt is set, but the model's chat template cannot take")
+    assert "TemplateError: System role not supported" in message
+    assert message.endswith(
+        "drop --system_prompt, or write the instructions into --input_template instead"
+    )
+    with pytest.raises(ConfigError, match=r"--system_prompt .* chat template drops system"):
+        check_tokenizer(told, build_tokenizer(chat_template=DROPS_SYSTEM))
+    # without a system prompt either template is fine
+    check_tokenizer(CHAT, build_tokenizer(chat_template=NO_SYSTEM_ROLE))
+
+
 @pytest.mark.parametrize(
     ("value", "prompt_format", "message"),
     [

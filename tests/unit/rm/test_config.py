@@ -42,6 +42,8 @@ def _non_default(name: str) -> list[str]:
         "train_batch_size": ["--train_batch_size=64"],
         "micro_train_batch_size": ["--micro_train_batch_size=4"],
         "eval_steps": ["--eval_dataset=e.jsonl", "--eval_steps=7"],
+        # off for a run of one's own model (on for the demo, when tensorboard is installed)
+        "use_tensorboard": ["--use_tensorboard"],
     }
     if name in special:
         return special[name]

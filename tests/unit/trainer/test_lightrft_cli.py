@@ -4,6 +4,7 @@ for every flag lrft reads otherwise, and no value of a switch or an unknown flag
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,15 @@ def test_the_migration_table_lists_every_lightrft_flag() -> None:
     rows = set(re.findall(r"^\| `--([a-z0-9_]+)", table, flags=re.MULTILINE))
     documented = set(ALIASES) | set(HINTS)
     assert documented - rows == set(), f"missing from {DOCS.name}: {sorted(documented - rows)}"
+
+
+def test_the_pages_sample_output_is_what_the_cli_prints(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    block = DOCS.read_text().split("```console\n", 1)[1].split("```", 1)[0].splitlines()
+    command, printed = block
+    monkeypatch.setenv("WANDB_API_KEY", SECRET)
+    argv = [SECRET if word == "$WANDB_API_KEY" else word for word in shlex.split(command)]
+    assert argv[:3] == ["$", "lrft", "train"]
+    assert main(argv[2:]) == 2
+    assert capsys.readouterr().err.splitlines() == [printed]

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from lrft.run.metrics import MetricsWriter, plot_curves, read_metrics
+from lrft.run.metrics import (
+    TRAIN_CURVES,
+    Curve,
+    CurvesPlot,
+    MetricsWriter,
+    curves_figure,
+    plot_curves,
+    read_metrics,
+)
 
 RECORDS: list[tuple[int, str, dict[str, float]]] = [
     (0, "eval", {"eval/accuracy": 0.125, "eval/reward_mean": 0.125}),
@@ -135,3 +143,31 @@ def test_plot_curves_writes_a_readable_png(tmp_path: Path) -> None:
         assert image.format == "PNG"
         assert image.size == (600, 400)  # figsize 6 x 4 inches at 100 dpi
         image.load()
+
+
+def test_the_curves_have_their_points_a_y_axis_label_and_a_title() -> None:
+    pytest.importorskip("matplotlib", reason="needs matplotlib (pip install 'lrft[plots]')")
+    records = [{"step": s, "kind": k, **v} for s, k, v in RECORDS]
+    axis = curves_figure(records, TRAIN_CURVES).axes[0]
+    assert axis.get_xlabel() == "step"
+    assert axis.get_ylabel() == "reward / accuracy"
+    assert axis.get_title() == "lrft train: training reward and held-out accuracy"
+    lines = {line.get_label(): line.get_xydata().tolist() for line in axis.lines}
+    assert lines == {
+        "train reward (mean)": [[1.0, 0.25], [2.0, 0.5]],
+        "held-out accuracy (greedy)": [[0.0, 0.125], [2.0, 0.375]],
+    }
+    # another command's plot: its own lines, label and title; a missing value is no point
+    plot = CurvesPlot(
+        curves=(Curve(kind="train", name="train/accuracy", label="pairs"),),
+        ylabel="pair accuracy",
+        title="rm",
+    )
+    rm_records = [
+        {"step": 1, "kind": "train", "train/accuracy": 0.5},
+        {"step": 2, "kind": "train", "train/accuracy": None},
+        {"step": 3, "kind": "train", "train/accuracy": 0.75},
+    ]
+    axis = curves_figure(rm_records, plot).axes[0]
+    assert (axis.get_ylabel(), axis.get_title()) == ("pair accuracy", "rm")
+    assert [line.get_xydata().tolist() for line in axis.lines] == [[[1.0, 0.5], [3.0, 0.75]]]

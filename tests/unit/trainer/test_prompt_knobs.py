@@ -10,10 +10,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 from transformers import PreTrainedTokenizerBase
 
 from lrft.api.errors import ConfigError
+from lrft.cli import main
 from lrft.config import TrainConfig
+from lrft.demos.model import ASSETS_DIR
 from lrft.demos.tokenizer import build_tokenizer
 from lrft.trainer.prompts import eval_prompts, load_prompts
 from tests.trainer.fixtures import make_model_folder
@@ -119,3 +122,29 @@ def test_each_comma_separated_source_must_exist_on_its_own(tmp_path: Path) -> No
     config = TrainConfig(pretrain=model, reward_fn="math", prompt_data=f"{first},{missing}")
     with pytest.raises(ConfigError, match=rf"--prompt_data '{re.escape(str(missing))}': no such"):
         config.validate_inputs()
+
+
+def test_a_system_prompt_the_chat_template_refuses_stops_the_cli_before_any_process_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The demo model's template raises on any role but "user" (it has no system role).
+    data = _jsonl(tmp_path / "p.jsonl", ["1+2="])
+    argv = [
+        "train",
+        f"--pretrain={ASSETS_DIR}",
+        f"--prompt_data={data}",
+        "--input_key=prompt",
+        "--reference_key=answer",
+        "--reward_fn=lrft.demos:exact_answer",
+        "--apply_chat_template",
+        "--system_prompt=Be brief.",
+        f"--save_path={tmp_path / 'out'}",
+    ]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "lrft: rank 0: configuration error: --system_prompt is set, but the model's chat "
+        "template cannot take a system message: it raised TemplateError: the demo model knows "
+        "only user messages, got system; drop --system_prompt, or write the instructions into "
+        "--input_template instead"
+    ]
+    assert not dist.is_initialized()

@@ -13,6 +13,7 @@ peft is imported on first use; a missing peft raises ``ImportError`` naming the 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -122,7 +123,15 @@ def apply_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Modul
         bias="none",
     )
     try:
-        wrapped: torch.nn.Module = get_peft_model(model, config)
+        with warnings.catch_warnings():
+            # peft 0.21 reads transformers' deprecated is_gradient_checkpointing alias (5.2x
+            # warns on every rank); it returns is_activation_checkpointing, the same value.
+            warnings.filterwarnings(
+                "ignore",
+                message=r"`is_gradient_checkpointing` is deprecated",
+                category=FutureWarning,
+            )
+            wrapped: torch.nn.Module = get_peft_model(model, config)
     except (ValueError, TypeError, NotImplementedError) as error:
         raise ConfigError(
             f"peft cannot add LoRA adapters to {type(model).__name__}: {error}"
