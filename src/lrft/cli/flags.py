@@ -453,6 +453,24 @@ FLAGS: tuple[Flag, ...] = (
         "instead of micro_train_batch_size samples; the loss is still aggregated over "
         "micro_train_batch_size groups, so gradients do not change (unset: off)",
     ),
+    # long sequences: packing and sequence parallelism
+    Flag(
+        name="packing_samples",
+        group=FlagGroup.TRAINING,
+        kind=bool,
+        help="run every training forward (policy, actor/reference logprobs, critic, reward "
+        "models) on samples packed end to end without padding, each attending only to itself; "
+        "--max_tokens_per_micro_batch then counts a packed row's real tokens "
+        "(docs/long-sequences.md)",
+    ),
+    Flag(
+        name="sequence_parallel_size",
+        group=FlagGroup.TRAINING,
+        kind=int,
+        help="split each packed row across N consecutive ranks (Ulysses: tokens split, heads "
+        "exchanged around attention); the N ranks train on their samples together; needs "
+        "--packing_samples, N must divide the world size and the attention heads (1: off)",
+    ),
     Flag(
         name="max_epochs",
         group=FlagGroup.TRAINING,

@@ -19,7 +19,7 @@ import torch
 from torch.distributed import ProcessGroup
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from lrft.api.errors import ConfigError
+from lrft.api.errors import CapabilityNotSupported, ConfigError
 from lrft.api.optim import SchedulerConfig
 from lrft.api.protocols import FrozenModel, RolloutEngine, TrainableModel, TrainBackend
 from lrft.api.types import ModelPart, SamplingParams
@@ -27,6 +27,7 @@ from lrft.backends.train.lora import AdaptersDisabled, apply_lora
 from lrft.config import TrainConfig
 from lrft.data import DistributedPromptSampler, MediaProcessor
 from lrft.dist import PhaseWatch, RankInfo, RolloutLayout, init_distributed
+from lrft.dist.sequence_parallel import SequenceParallelLayout
 from lrft.models.critic import load_critic
 from lrft.models.media import (
     freeze_audio_tower,
@@ -34,6 +35,7 @@ from lrft.models.media import (
     keep_vision_tower_running,
     load_generative_model,
 )
+from lrft.models.packed_attention import use_packed_attention
 from lrft.rewards import RewardFn
 from lrft.run.export import LORA_ADAPTER_DIR, export_hf, export_lora_adapter
 from lrft.run.outputs import claim_outputs
@@ -42,6 +44,7 @@ from lrft.trainer.components import engine_memory_share, rollout_engine, train_b
 from lrft.trainer.critic import CriticUpdate
 from lrft.trainer.episodes import EpisodeRunner
 from lrft.trainer.experience import Decode, ExperienceMaker
+from lrft.trainer.packing import PADDED, TokenLayout
 from lrft.trainer.plugins import import_plugins
 from lrft.trainer.policy import PolicyUpdate, needs_old_logprob_pass
 from lrft.trainer.preflight import check_before_start
@@ -72,6 +75,8 @@ def build_critic(
     assert path is not None
     model = load_critic(path, seed=config.seed, attn_implementation=config.attn_implementation)
     keep_vision_tower_running(model)  # as the actor's (see causal_lm)
+    if config.packing_samples:
+        use_packed_attention(model)
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()  # type: ignore[no-untyped-call]  # unannotated in transformers
     critic = backend.prepare_trainable(
@@ -156,7 +161,29 @@ def causal_lm(config: TrainConfig) -> torch.nn.Module:
         config.pretrain, dtype=torch.float32, attn_implementation=config.attn_implementation
     )
     keep_vision_tower_running(model)
+    if config.packing_samples:
+        use_packed_attention(model)
     return model
+
+
+def token_layout(config: TrainConfig, info: RankInfo, backend: TrainBackend) -> TokenLayout:
+    """How the training forwards lay their rows out (:mod:`lrft.trainer.packing`): padded, or
+    packed with ``packing_samples`` and split over this rank's sequence-parallel group. Refuses a
+    backend that does not declare what that needs. Collective (the groups are created)."""
+    if not config.packing_samples:
+        return PADDED
+    size = config.sequence_parallel_size
+    needed = ("packed_sequences",) + (("sequence_parallel",) if size > 1 else ())
+    for capability in needed:
+        if capability not in backend.capabilities.names():
+            raise CapabilityNotSupported(
+                backend.name,
+                capability,
+                f"--packing_samples{f' --sequence_parallel_size {size}' if size > 1 else ''} "
+                "needs a train backend that declares it",
+            )
+    group = SequenceParallelLayout(world_size=info.world_size, sp_size=size).build_group()
+    return TokenLayout(packed=True, group=group)
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -254,6 +281,7 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
     schedule = config.scheduler_config(planned_iterations(config, len(train_data), info))
 
     backend = train_backend(config, info)
+    layout = token_layout(config, info, backend)
     model = _policy_model(config)
     # LoRA: the adapters are part of the model the backend wraps
     trained = model if config.lora is None else apply_lora(model, config.lora)
@@ -281,6 +309,8 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         tokenizer=tokenizer,
         device=backend.device,
     )
+    stack.maker.layout = layout
+    stack.maker.max_tokens_per_pass = config.max_tokens_per_micro_batch if layout.packed else None
     if info.rank == 0:
         print(
             f"backends: train {backend.name}, engine {stack.engine.name}, weight sync "
@@ -328,7 +358,8 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
                 actor, pretrained=pretrain, directory=directory.with_name(LORA_ADAPTER_DIR)
             )
 
-    per_rank_train = config.train_batch_size // info.world_size
+    # a sequence-parallel group trains one share of the batch
+    per_rank_train = config.train_batch_size // (info.world_size // layout.group_size)
     return RLTrainer(
         config,
         TrainerParts(
@@ -340,15 +371,16 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
             sampler=sampler,
             train_data=train_data,
             eval_data=eval_data,
-            update=PolicyUpdate.from_config(config, world_size=info.world_size),
+            update=PolicyUpdate.from_config(config, world_size=info.world_size, layout=layout),
             critic_update=CriticUpdate(
                 micro_batch_size=config.micro_train_batch_size,
                 accumulation=per_rank_train // config.micro_train_batch_size,
                 epochs=config.max_epochs,
                 value_clip=config.value_clip_range,
                 max_tokens_per_micro_batch=config.max_tokens_per_micro_batch,
+                layout=layout,
             ),
-            buffer=ReplayBuffer(seed=config.seed),
+            buffer=ReplayBuffer(seed=config.seed, group=layout.group),
             old_logprob_pass=needs_old_logprob_pass(config, actor.module),
             records=RunRecords.for_run(config, info.rank),
             watch=watch,
