@@ -270,11 +270,13 @@ def _keep_own_share(
     rows = kwargs.get(ROWS_KWARG)
     if not isinstance(rows, PackedRows) or rows.group is None:
         return None
-    if any(isinstance(arg, Tensor) for arg in args):
+    if any(isinstance(arg, Tensor) for arg in args[1:]):
         raise RuntimeError(f"{type(module).__name__} was called with positional tensors")
     if kwargs.get("position_ids") is None:
         raise RuntimeError("a sequence-parallel forward needs the row's position_ids")
     start, stop = rows.shard()
+    if args and isinstance(args[0], Tensor):  # transformers' decoders take input_ids first
+        args = (args[0][:, start:stop], *args[1:])
     for name in ("input_ids", "inputs_embeds"):
         if kwargs.get(name) is not None:
             kwargs[name] = kwargs[name][:, start:stop]

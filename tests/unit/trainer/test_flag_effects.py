@@ -220,6 +220,10 @@ SHOWN_ELSEWHERE: dict[str, str] = {
     "fsdp_reshard_after_forward": "tests/conformance/test_fsdp2.py",
     "fsdp_defer_gradient_sync": "tests/conformance/test_fsdp2.py",
     "deepspeed_config": "tests/conformance/test_deepspeed.py",
+    # the packed forwards compute what the padded ones do (the effect is the kernels' inputs);
+    # sequence parallelism needs a second rank
+    "packing_samples": "tests/trainer/test_long_sequence_ranks.py::TestLongSequenceRanks::test_packed_iteration_trains_actor_and_critic_as_the_padded_one",
+    "sequence_parallel_size": "tests/trainer/test_long_sequence_ranks.py::TestLongSequenceRanks::test_a_sequence_parallel_group_passes_and_trains_as_the_unsplit_run",
     # a backend or sync an installed package registers
     "train_backend": "tests/trainer/test_plugin_backend_torchrun.py::test_lrft_train_trains_with_an_installed_packages_backends",
     "weight_sync": "tests/trainer/test_plugin_backend_torchrun.py::test_lrft_train_trains_with_an_installed_packages_backends",
