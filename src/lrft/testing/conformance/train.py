@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from lrft.testing.conformance._train_hooks import B, TrainBackendHooks
+from lrft.testing.conformance._train_hooks import B
 from lrft.testing.conformance._train_lora_ranks import (
     lora_trains_adapters_only,
     varying_weights_are_what_training_changes,
@@ -60,6 +60,7 @@ from lrft.testing.conformance._train_schedule_ranks import (
     schedules_match_reference,
     unclipped_training_matches_reference,
 )
+from lrft.testing.conformance.train_long import LongSequenceChecks
 from lrft.testing.distributed import RankPool, missing_devices, shared_pool
 
 __all__ = [
@@ -86,7 +87,7 @@ __all__ = [
 ]
 
 
-class TrainBackendSuite(TrainBackendHooks[B]):
+class TrainBackendSuite(LongSequenceChecks[B]):
     """Conformance tests of a ``TrainBackend``; subclass it once per backend and world size."""
 
     # --- the tests ------------------------------------------------------------------------------
