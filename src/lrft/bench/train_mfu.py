@@ -20,6 +20,7 @@ from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
 from lrft.bench import flops
 from lrft.bench.assets import FIRST_WORD_ID, random_model
 from lrft.bench.ceilings import synchronize
+from lrft.bench.train_packing import run_ragged_train
 from lrft.bench.workloads import TrainMfuSpec, Workload
 from lrft.dist import RankInfo, init_distributed
 from lrft.trainer.experience import ExperienceBatch
@@ -54,6 +55,8 @@ def run_train_mfu(workload: Workload, *, steps: int | None, matmul_tflops: float
     """Wrap the model, run the warm-up and timed optimizer steps, report MFU. Collective."""
     spec = workload.train_mfu
     assert spec is not None
+    if spec.ragged is not None:
+        return run_ragged_train(workload, steps=steps, matmul_tflops=matmul_tflops)
     info = init_distributed(RankInfo.from_env())
     backend = FSDP2Backend(
         FSDP2Config(
