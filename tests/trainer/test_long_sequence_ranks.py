@@ -1,6 +1,7 @@
 """Packing and sequence parallelism in the trainer, on two gloo ranks: an iteration packed trains
 as the padded one does; with the two ranks as one sequence-parallel group, its passes equal the
-unsplit ones and its iteration trains as the unsplit run's."""
+unsplit ones, its iteration trains as the unsplit run's, and Qwen2-VL rows with images split
+over it score and back-propagate as unsplit."""
 
 from __future__ import annotations
 
@@ -8,13 +9,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from lrft.models.packed_attention import PACKED_ATTENTION
-from lrft.testing.distributed import DistributedSuite, RankPool
+from lrft.api import GenerationResult
+from lrft.dist.sequence_parallel import SequenceParallelLayout
+from lrft.models.packed_attention import PACKED_ATTENTION, use_packed_attention
+from lrft.testing.conformance._rollout_media_checks import media_prompts
+from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
+from lrft.testing.reference import load_reference_vlm
+from lrft.testing.vision_models import save_tiny_vlm
 from lrft.trainer.critic import critic_values
+from lrft.trainer.experience import response_logprobs
 from lrft.trainer.packing import TokenLayout
+from lrft.trainer.sequences import pack
 from tests.trainer.test_trainer_ranks import _trainer
 
+CPU = torch.device("cpu")
 GAE = ["--advantage_estimator=gae", "--init_kl_coef=0.05"]
 PACKING = ["--packing_samples"]
 SPLIT = ["--packing_samples", "--sequence_parallel_size=2"]
@@ -76,6 +86,44 @@ def _split_passes_equal_unsplit(root: Path) -> list[float]:
     ]
 
 
+def _image_rows_split_equal_unsplit(root: Path) -> list[float]:
+    """Qwen2-VL rows with images, packed and split over the two ranks (each merges the images
+    into the whole row, then keeps its share), against the same rows packed unsplit: logprobs,
+    and the gradients summed over the group (each rank's are its own tokens')."""
+    if current_rank_context().rank == 0 and not (root / "vlm").exists():
+        save_tiny_vlm(root / "vlm")
+    dist.barrier()
+    prompts = media_prompts(root / "vlm", rank=0)
+    generator = torch.Generator().manual_seed(4)
+    results = [
+        GenerationResult(
+            request_id=prompt.request.request_id,
+            sample_index=0,
+            finish_reason="length",
+            prompt_token_ids=list(prompt.request.prompt_token_ids),
+            output_token_ids=torch.randint(3, 200, (2 + 3 * k,), generator=generator).tolist(),
+        )
+        for k, prompt in enumerate(prompts)
+    ]
+    sequences = pack(results, media=[p.processed for p in prompts])
+    group = SequenceParallelLayout(world_size=2, sp_size=2).build_group()
+    outputs = []
+    for layout in (TokenLayout(packed=True), TokenLayout(packed=True, group=group)):
+        model = load_reference_vlm(root / "vlm")
+        use_packed_attention(model)
+        logprobs = response_logprobs(model, sequences, temperature=1.0, device=CPU, layout=layout)
+        weights = torch.linspace(-1.0, 1.0, logprobs.numel()).reshape(logprobs.shape)
+        torch.autograd.backward((logprobs * weights).sum())
+        grads = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        dist.all_reduce(grads)  # the ranks' mean, as a train backend averages them
+        outputs.append((logprobs.detach(), grads / 2))
+    (unsplit, unsplit_grads), (split, split_grads) = outputs
+    return [
+        float((split - unsplit).abs().max()),
+        float((split_grads - unsplit_grads).abs().max()),
+    ]
+
+
 class TestLongSequenceRanks(DistributedSuite):
     world_size = 2
 
@@ -97,3 +145,12 @@ class TestLongSequenceRanks(DistributedSuite):
         split = pool.run(_weights_after_a_step, root, [*SPLIT, *ONE_STEP])
         _assert_same_weights(split[0], unsplit[0])
         _assert_same_weights(split[1], split[0])  # the group's ranks hold one model
+
+    def test_image_rows_split_over_a_group_equal_unsplit(
+        self, pool: RankPool, tmp_path: Path
+    ) -> None:
+        for value_diff, grad_diff in pool.run(
+            _image_rows_split_equal_unsplit, pool.shared_dir / tmp_path.name
+        ):
+            assert value_diff <= 1e-5
+            assert grad_diff <= 1e-4
