@@ -11,7 +11,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lrft.api import GenerationResult
 from lrft.dist.sequence_parallel import SequenceParallelLayout
 from lrft.models.packed_attention import PACKED_ATTENTION, use_packed_attention
 from lrft.testing.conformance._rollout_media_checks import media_prompts
@@ -23,6 +22,7 @@ from lrft.trainer.experience import response_logprobs
 from lrft.trainer.packing import TokenLayout
 from lrft.trainer.sequences import pack
 from tests.trainer.test_trainer_ranks import _trainer
+from tests.unit.trainer.test_packing import image_results
 
 CPU = torch.device("cpu")
 GAE = ["--advantage_estimator=gae", "--init_kl_coef=0.05"]
@@ -94,17 +94,7 @@ def _image_rows_split_equal_unsplit(root: Path) -> list[float]:
         save_tiny_vlm(root / "vlm")
     dist.barrier()
     prompts = media_prompts(root / "vlm", rank=0)
-    generator = torch.Generator().manual_seed(4)
-    results = [
-        GenerationResult(
-            request_id=prompt.request.request_id,
-            sample_index=0,
-            finish_reason="length",
-            prompt_token_ids=list(prompt.request.prompt_token_ids),
-            output_token_ids=torch.randint(3, 200, (2 + 3 * k,), generator=generator).tolist(),
-        )
-        for k, prompt in enumerate(prompts)
-    ]
+    results = image_results(prompts, seed=4)
     sequences = pack(results, media=[p.processed for p in prompts])
     group = SequenceParallelLayout(world_size=2, sp_size=2).build_group()
     outputs = []

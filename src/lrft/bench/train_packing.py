@@ -20,15 +20,13 @@ from typing import Any
 
 import torch
 
-from lrft.api.optim import OptimizerConfig
-from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
 from lrft.bench import flops
-from lrft.bench.assets import FIRST_WORD_ID, random_model
+from lrft.bench.assets import FIRST_WORD_ID
 from lrft.bench.ceilings import synchronize
 from lrft.bench.ragged import forced_lengths
+from lrft.bench.train_mfu import wrapped_actor
 from lrft.bench.workloads import TrainMfuSpec, Workload
 from lrft.dist import RankInfo, init_distributed, sum_over_ranks
-from lrft.models.packed_attention import use_packed_attention
 from lrft.trainer.experience import ExperienceBatch
 from lrft.trainer.packing import PADDED, TokenLayout
 from lrft.trainer.policy import PolicyUpdate
@@ -79,24 +77,13 @@ def _padded_tokens(buffer: ReplayBuffer, micro_batch_size: int) -> int:
 
 
 def _prepared_update(
-    workload: Workload, layout: TokenLayout, batch: ExperienceBatch
-) -> tuple[Callable[[int], object], torch.device]:
+    workload: Workload, layout: TokenLayout, batch: ExperienceBatch, device: torch.device
+) -> Callable[[int], object]:
     """One optimizer step over ``batch`` in ``layout`` (called with the step's index) on a
-    freshly wrapped copy of the workload's model, and the device it runs on."""
+    freshly wrapped copy of the workload's model."""
     spec = workload.train_mfu
     assert spec is not None
-    backend = FSDP2Backend(
-        FSDP2Config(
-            reshard_after_forward=spec.fsdp_reshard_after_forward,
-            defer_gradient_sync=spec.fsdp_defer_gradient_sync,
-        )
-    )
-    model = random_model(workload.model, backend.device)
-    if layout.packed:
-        use_packed_attention(model)
-    if spec.gradient_checkpointing:
-        model.gradient_checkpointing_enable()  # type: ignore[no-untyped-call]  # unannotated in transformers
-    actor = backend.prepare_trainable(model, optimizer=OptimizerConfig(lr=1e-6))
+    actor = wrapped_actor(workload, packed=layout.packed)
     buffer = ReplayBuffer(seed=0)
     buffer.append(batch)
     update = PolicyUpdate(
@@ -106,29 +93,27 @@ def _prepared_update(
         temperature=1.0,
         layout=layout,
     )
-    device = backend.device
-    return lambda step: update.run(actor, buffer, step=step, device=device), device
+    return lambda step: update.run(actor, buffer, step=step, device=device)
 
 
 def _interleaved_seconds(
-    workload: Workload, batch: ExperienceBatch, steps: int
+    workload: Workload, batch: ExperienceBatch, steps: int, device: torch.device
 ) -> dict[str, list[float]]:
     """Each layout's seconds per timed step, the two taking turns step by step (each going
     first every other step), so that both meet the same machine."""
     spec = workload.train_mfu
     assert spec is not None
-    runs = {name: _prepared_update(workload, layout, batch) for name, layout in LAYOUTS}
+    runs = {name: _prepared_update(workload, layout, batch, device) for name, layout in LAYOUTS}
     for step in range(spec.warmup_steps):
-        for run, _ in runs.values():
+        for run in runs.values():
             run(step)
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     for step in range(steps):
         order = list(runs) if step % 2 == 0 else list(reversed(runs))
         for name in order:
-            run, device = runs[name]
             synchronize(device)
             began = time.perf_counter()
-            run(spec.warmup_steps + step)
+            runs[name](spec.warmup_steps + step)
             synchronize(device)
             seconds[name].append(time.perf_counter() - began)
     return seconds
@@ -147,7 +132,7 @@ def run_ragged_train(
     buffer = ReplayBuffer(seed=0)
     buffer.append(batch)
     sequences = batch.sequences
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = info.device
     per_row = zip(
         sequences.attention_mask.sum(-1).tolist(),
         sequences.action_mask.sum(-1).tolist(),
@@ -177,7 +162,7 @@ def run_ragged_train(
         "padding_fraction": 1.0 - real / padded,
         "train_flops_per_step": step_flops,
     }
-    for name, seconds in _interleaved_seconds(workload, batch, timed).items():
+    for name, seconds in _interleaved_seconds(workload, batch, timed, device).items():
         median = statistics.median(seconds)
         result[name] = {
             "step_seconds": seconds,

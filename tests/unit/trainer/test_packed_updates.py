@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
+import attrs
 import pytest
 import torch
 from torch import Tensor
@@ -26,10 +27,11 @@ from lrft.trainer.policy import PolicyUpdate
 from lrft.trainer.replay import ReplayBuffer
 from tests.unit.trainer.recorders import GradientRecorder
 from tests.unit.trainer.samples import random_responses
+from tests.unit.trainer.test_policy_speed import TEMPERATURE
+from tests.unit.trainer.test_policy_speed import _experience as policy_experience
 
 CPU = torch.device("cpu")
 PACKED = TokenLayout(packed=True)
-TEMPERATURE = 0.9
 
 
 def _packed(model: torch.nn.Module) -> torch.nn.Module:
@@ -39,20 +41,12 @@ def _packed(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _experience(rows: int, seed: int) -> ExperienceBatch:
-    generator = torch.Generator().manual_seed(seed)
-    sequences = random_responses(rows, generator)
-    mask = sequences.action_mask
-    with torch.no_grad():
-        current = plain_response_logprobs(
-            tiny_causal_lm(0), sequences, temperature=TEMPERATURE, device=CPU
-        )
-    noise = torch.randn(mask.shape, generator=generator) * 0.3
-    return ExperienceBatch(
-        sequences=sequences,
-        old_logprobs=torch.where(mask, current + noise, 0.0),
-        ref_logprobs=torch.where(mask, current - noise.abs(), 0.0),
-        scores=torch.zeros(rows),
-        advantages=torch.randn(mask.shape, generator=generator),
+    """The policy tests' experience, with critic values and returns as well."""
+    batch = policy_experience(rows, seed)
+    mask = batch.sequences.action_mask
+    generator = torch.Generator().manual_seed(seed + 100)
+    return attrs.evolve(
+        batch,
         values=torch.where(mask, torch.randn(mask.shape, generator=generator) * 0.1, 0.0),
         returns=torch.where(mask, torch.randn(mask.shape, generator=generator), 0.0),
     )

@@ -10,7 +10,7 @@ logprobs are also checked against that per-sequence reference directly.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from lrft.api import GenerationResult
 from lrft.models.packed_attention import PackedRows, packed_attention, use_packed_attention
-from lrft.testing.conformance._rollout_media_checks import media_prompts
+from lrft.testing.conformance._rollout_media_checks import MediaPrompt, media_prompts
 from lrft.testing.models import tiny_causal_lm
 from lrft.testing.reference import load_reference_vlm, media_token_logprobs, token_logprobs
 from lrft.testing.vision_models import save_tiny_vlm
@@ -112,11 +112,10 @@ def test_text_rows_packed_equal_padded_and_the_reference(fused: bool) -> None:
         assert torch.allclose(packed[row, :steps], expected, atol=1e-5), row
 
 
-def test_image_rows_packed_equal_padded_with_their_own_m_rope_positions(tmp_path: Path) -> None:
-    model_dir = save_tiny_vlm(tmp_path / "vlm")
-    prompts = media_prompts(model_dir, rank=0)  # 1, 0, 2 and 1 images
-    generator = torch.Generator().manual_seed(5)
-    results = [
+def image_results(prompts: Sequence[MediaPrompt], *, seed: int) -> list[GenerationResult]:
+    """A random response of 3, 7, 11, ... tokens to each of ``prompts``."""
+    generator = torch.Generator().manual_seed(seed)
+    return [
         GenerationResult(
             request_id=prompt.request.request_id,
             sample_index=0,
@@ -126,6 +125,12 @@ def test_image_rows_packed_equal_padded_with_their_own_m_rope_positions(tmp_path
         )
         for k, prompt in enumerate(prompts)
     ]
+
+
+def test_image_rows_packed_equal_padded_with_their_own_m_rope_positions(tmp_path: Path) -> None:
+    model_dir = save_tiny_vlm(tmp_path / "vlm")
+    prompts = media_prompts(model_dir, rank=0)  # 1, 0, 2 and 1 images
+    results = image_results(prompts, seed=5)
     sequences = pack(results, media=[p.processed for p in prompts])
     model = load_reference_vlm(model_dir)
     assert_packed_equals_padded(model, sequences)
