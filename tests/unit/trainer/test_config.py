@@ -346,6 +346,8 @@ def _non_default(name: str) -> list[str]:
         "tools": ["--environment=tool_calls", "--tools", "calculator", "python"],
         "max_turns": ["--environment=tool_calls", "--max_turns=7"],
         "max_episode_tokens": ["--environment=tool_calls", "--max_episode_tokens=77"],
+        # sequence parallelism splits packed rows
+        "sequence_parallel_size": ["--packing_samples", "--sequence_parallel_size=2"],
     }
     if name in special:
         return special[name]
