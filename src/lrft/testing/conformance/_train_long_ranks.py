@@ -45,8 +45,9 @@ ENTROPY_COEF = 0.01
 
 
 def ragged_batch(seed: int, rows: int) -> tuple[Sequences, Tensor]:
-    """``rows`` sequences of random tokens (prompts of 1 to 6, responses of 1 to 12), and
-    per-token advantages; the same on every rank."""
+    """``rows`` sequences of random tokens (prompts of 1 to 6, responses of 1 to 12; every other
+    one with an observation inside its response, which is not trained on), and per-token
+    advantages; the same on every rank."""
     generator = torch.Generator().manual_seed(seed)
     results = []
     for row in range(rows):
@@ -61,7 +62,21 @@ def ragged_batch(seed: int, rows: int) -> tuple[Sequences, Tensor]:
             )
         )
     sequences = pack(results)
-    return sequences, torch.randn(sequences.action_mask.shape, generator=generator)
+    # every other row is a multi-turn episode: an observation of two tokens between its turns
+    mask = sequences.action_mask.clone()
+    lengths = mask.sum(-1)
+    for row in range(0, rows, 2):
+        if int(lengths[row]) >= 5:
+            mask[row, 2:4] = False
+    sequences = Sequences(
+        input_ids=sequences.input_ids,
+        attention_mask=sequences.attention_mask,
+        prompt_lengths=sequences.prompt_lengths,
+        action_mask=mask,
+        action_tokens=sequences.action_tokens.masked_fill(~mask, 0),
+        response_lengths=lengths,
+    )
+    return sequences, torch.randn(mask.shape, generator=generator)
 
 
 def _share(sequences: Sequences, advantages: Tensor, index: int) -> tuple[Sequences, Tensor]:
