@@ -75,11 +75,10 @@ def _assert_same_steps(got: list[list[Tensor]], expected: list[list[Tensor]]) ->
             assert float((a.double() - b.double()).norm() / scale) < 1e-5
 
 
-@pytest.mark.parametrize("budget", [None, 24], ids=["one-row-per-micro-batch", "token-budget"])
 @pytest.mark.parametrize(
-    "extra",
-    [{}, {"entropy_coef": 0.01}, {"use_kl_loss": True, "kl_coef": 0.3}],
-    ids=["ppo", "entropy", "kl-loss"],
+    ("budget", "extra"),
+    [(None, {}), (24, {"entropy_coef": 0.01}), (24, {"use_kl_loss": True, "kl_coef": 0.3})],
+    ids=["ppo-one-row-per-micro-batch", "entropy-token-budget", "kl-loss-token-budget"],
 )
 def test_packed_policy_steps_equal_the_padded_ones(
     budget: int | None, extra: dict[str, object]
