@@ -4,7 +4,8 @@ episodes (action masks with holes); the critic's values and a reward model's sco
 
 The padded side is a separately built plain transformers model (sdpa, its own masks) run by the
 trainer's padded path, which the existing tests hold to one-sequence-at-a-time references; the
-logprobs are also checked against that per-sequence reference directly.
+logprobs are also checked against that per-sequence reference directly. A Qwen2-VL critic's
+values too.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import torch
 from torch import Tensor
 
 from lrft.api import GenerationResult
+from lrft.models.critic import load_critic
 from lrft.models.packed_attention import PackedRows, packed_attention, use_packed_attention
 from lrft.testing.conformance._rollout_media_checks import MediaPrompt, media_prompts
 from lrft.testing.models import tiny_causal_lm
 from lrft.testing.reference import load_reference_vlm, media_token_logprobs, token_logprobs
 from lrft.testing.vision_models import save_tiny_vlm
+from lrft.trainer.critic import response_values
 from lrft.trainer.experience import response_logits, response_logprobs
 from lrft.trainer.packing import PADDED, TokenLayout
 from lrft.trainer.sequences import Sequences, pack
@@ -127,8 +130,12 @@ def image_results(prompts: Sequence[MediaPrompt], *, seed: int) -> list[Generati
     ]
 
 
-def test_image_rows_packed_equal_padded_with_their_own_m_rope_positions(tmp_path: Path) -> None:
-    model_dir = save_tiny_vlm(tmp_path / "vlm")
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model")
+
+
+def test_image_rows_packed_equal_padded_with_their_own_m_rope_positions(model_dir: Path) -> None:
     prompts = media_prompts(model_dir, rank=0)  # 1, 0, 2 and 1 images
     results = image_results(prompts, seed=5)
     sequences = pack(results, media=[p.processed for p in prompts])
@@ -144,6 +151,19 @@ def test_image_rows_packed_equal_padded_with_their_own_m_rope_positions(tmp_path
         expected = media_token_logprobs(model, prompt.processed, result.output_token_ids)
         steps = len(result.output_token_ids)
         assert torch.allclose(packed[row, :steps], torch.tensor(expected), atol=1e-5), row
+
+
+def test_a_vision_critic_values_packed_image_rows_as_padded_ones(model_dir: Path) -> None:
+    prompts = media_prompts(model_dir, rank=0)
+    sequences = pack(image_results(prompts, seed=1), media=[p.processed for p in prompts])
+    critic = load_critic(str(model_dir), seed=0)
+    torch.nn.Module.eval(critic)  # PreTrainedModel re-declares eval without annotations
+    torch.nn.init.normal_(critic.score.weight)  # a fresh head may start at zero
+    with torch.no_grad():
+        padded = response_values(critic, sequences, device=CPU)
+        packed = response_values(packed_copy(critic), sequences, device=CPU, layout=PACKED)
+    assert float(padded.abs().max()) > 0
+    assert float((packed - padded).abs().max()) <= 1e-5
 
 
 def episode_sequences(seed: int) -> Sequences:
