@@ -158,7 +158,9 @@ def test_a_vision_critic_values_packed_image_rows_as_padded_ones(model_dir: Path
     sequences = pack(image_results(prompts, seed=1), media=[p.processed for p in prompts])
     critic = load_critic(str(model_dir), seed=0)
     torch.nn.Module.eval(critic)  # PreTrainedModel re-declares eval without annotations
-    torch.nn.init.normal_(critic.score.weight)  # a fresh head may start at zero
+    head = critic.get_submodule("score")
+    assert isinstance(head, torch.nn.Linear)
+    torch.nn.init.normal_(head.weight)  # a fresh head may start at zero
     with torch.no_grad():
         padded = response_values(critic, sequences, device=CPU)
         packed = response_values(packed_copy(critic), sequences, device=CPU, layout=PACKED)
