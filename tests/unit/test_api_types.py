@@ -129,6 +129,8 @@ def test_engine_capabilities_reject_unknown_levels_and_tp() -> None:
 def test_train_and_sync_capability_names() -> None:
     train = TrainCapabilities(offload=[ModelPart.OPTIMIZER, "parameters"], mixed_precision=True)
     assert train.names() == {"offload_optimizer", "offload_parameters", "mixed_precision"}
+    long = TrainCapabilities(packed_sequences=True, sequence_parallel=True)
+    assert long.names() == {"packed_sequences", "sequence_parallel"}
     assert SyncCapabilities(verifies_digest=True).names() == {"verifies_digest"}
 
 

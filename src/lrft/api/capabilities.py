@@ -37,18 +37,29 @@ class TrainCapabilities:
     offload: the model parts ``offload``/``reload`` really move between device and host.
     mixed_precision: computes in a lower precision than the stored parameters (bf16 on GPU).
     checkpoint_resharding: a checkpoint saved at one world size loads at another.
+    packed_sequences: its models run lrft's packed forwards (``lrft.models.packed_attention``):
+        the wrapped module keeps the model's attention function and hands every forward keyword
+        through to it, so a packed row's sequences attend only to themselves.
+    sequence_parallel: packed forwards split across a sequence-parallel group train as the
+        unsplit ones do: gradients are averaged over every rank of the default group, the
+        group's ranks included (``lrft.dist.sequence_parallel``).
     """
 
     offload: frozenset[ModelPart] = attrs.field(factory=frozenset, converter=_parts)
     mixed_precision: bool = False
     checkpoint_resharding: bool = False
+    packed_sequences: bool = False
+    sequence_parallel: bool = False
 
     def names(self) -> frozenset[str]:
         names = {f"offload_{part.value}" for part in self.offload}
-        if self.mixed_precision:
-            names.add("mixed_precision")
-        if self.checkpoint_resharding:
-            names.add("checkpoint_resharding")
+        flags = {
+            "mixed_precision": self.mixed_precision,
+            "checkpoint_resharding": self.checkpoint_resharding,
+            "packed_sequences": self.packed_sequences,
+            "sequence_parallel": self.sequence_parallel,
+        }
+        names.update(name for name, declared in flags.items() if declared)
         return frozenset(names)
 
 

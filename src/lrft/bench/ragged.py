@@ -30,6 +30,7 @@ full batch's rate (:func:`full_batch_tokens_per_s`: the rollout with the hook sw
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -70,6 +71,16 @@ def length_law(spec: RaggedSpec) -> list[float]:
         upper, lower = min(length + 0.5, high), max(length - 0.5, low)
         law[length] = max(0.0, math.log(upper / lower) / scale)
     return law
+
+
+def drawn_lengths(spec: RaggedSpec, stream: int, count: int) -> list[int]:
+    """``count`` lengths drawn from :func:`length_law`'s variable, seeded by ``spec.seed`` and
+    ``stream`` (a rank's or a call's): for rows built outside an engine (the train part)."""
+    draw = random.Random(f"lrft-ragged/{spec.seed}/{stream}")
+    ratio = spec.max_tokens / spec.min_tokens
+    return [
+        min(spec.max_tokens, round(spec.min_tokens * ratio ** draw.random())) for _ in range(count)
+    ]
 
 
 def expected_length(spec: RaggedSpec) -> float:

@@ -127,7 +127,9 @@ def table(document: dict[str, Any]) -> str:
                 )
             )
     train = document.get("train_mfu")
-    if train is not None:
+    if train is not None and "packed" in train:
+        lines.extend(_ragged_train_lines(train))
+    elif train is not None:
         lines.append(
             f"train-mfu: {train['sequences_per_step']} sequences of "
             f"{train['tokens_per_sequence']} tokens per optimizer step"
@@ -188,3 +190,24 @@ def table(document: dict[str, Any]) -> str:
                 )
             )
     return "\n".join(lines)
+
+
+def _ragged_train_lines(train: dict[str, Any]) -> list[str]:
+    """The ragged training part (:mod:`lrft.bench.train_packing`): padded and packed."""
+    lengths = train["response_tokens"]
+    lines = [
+        f"train-mfu, ragged: {train['sequences_per_step']} sequences per optimizer step, "
+        f"responses of {lengths['min']}-{lengths['max']} tokens, padding "
+        f"{_fraction(train['padding_fraction'])} of the padded forwards' tokens"
+    ]
+    for name in ("padded", "packed"):
+        side = train[name]
+        lines.append(
+            _row(
+                f"{name} tokens/s",
+                f"{side['train_tokens_per_s']:.0f} ({side['step_seconds_median']:.3f} s per step, "
+                f"MFU {_fraction(side['train_mfu'])})",
+            )
+        )
+    lines.append(_row("packed over padded", f"{train['packed_speedup']:.2f}x"))
+    return lines

@@ -137,6 +137,10 @@ def _run_part(
         from lrft.bench.grpo import run_grpo
 
         return run_grpo(workload, work_dir=work_dir, steps=settings.steps, matmul_tflops=ceiling)
+    if part == "train_mfu" and workload.train_mfu is not None and workload.train_mfu.ragged:
+        from lrft.bench.train_packing import run_ragged_train
+
+        return run_ragged_train(workload, steps=settings.steps, matmul_tflops=ceiling)
     if part == "train_mfu":
         from lrft.bench.train_mfu import run_train_mfu
 

@@ -16,12 +16,14 @@ from typing import Any
 import torch
 
 from lrft.api.optim import OptimizerConfig
+from lrft.api.protocols import TrainableModel
 from lrft.backends.train.fsdp2 import FSDP2Backend, FSDP2Config
 from lrft.bench import flops
 from lrft.bench.assets import FIRST_WORD_ID, random_model
 from lrft.bench.ceilings import synchronize
 from lrft.bench.workloads import TrainMfuSpec, Workload
 from lrft.dist import RankInfo, init_distributed
+from lrft.models.packed_attention import use_packed_attention
 from lrft.trainer.experience import ExperienceBatch
 from lrft.trainer.policy import PolicyUpdate
 from lrft.trainer.replay import ReplayBuffer
@@ -50,11 +52,11 @@ def synthetic_experience(spec: TrainMfuSpec, vocab_size: int, *, seed: int) -> E
     )
 
 
-def run_train_mfu(workload: Workload, *, steps: int | None, matmul_tflops: float) -> dict[str, Any]:
-    """Wrap the model, run the warm-up and timed optimizer steps, report MFU. Collective."""
+def wrapped_actor(workload: Workload, *, packed: bool = False) -> TrainableModel:
+    """The workload's random model wrapped by the ``fsdp2`` backend as the train part sets it
+    up; ``packed``: set up for packed rows (``lrft.models.packed_attention``). Collective."""
     spec = workload.train_mfu
     assert spec is not None
-    info = init_distributed(RankInfo.from_env())
     backend = FSDP2Backend(
         FSDP2Config(
             reshard_after_forward=spec.fsdp_reshard_after_forward,
@@ -62,9 +64,19 @@ def run_train_mfu(workload: Workload, *, steps: int | None, matmul_tflops: float
         )
     )
     model = random_model(workload.model, backend.device)
+    if packed:
+        use_packed_attention(model)
     if spec.gradient_checkpointing:
         model.gradient_checkpointing_enable()  # type: ignore[no-untyped-call]  # unannotated in transformers
-    actor = backend.prepare_trainable(model, optimizer=OptimizerConfig(lr=1e-6))
+    return backend.prepare_trainable(model, optimizer=OptimizerConfig(lr=1e-6))
+
+
+def run_train_mfu(workload: Workload, *, steps: int | None, matmul_tflops: float) -> dict[str, Any]:
+    """Wrap the model, run the warm-up and timed optimizer steps, report MFU. Collective."""
+    spec = workload.train_mfu
+    assert spec is not None
+    info = init_distributed(RankInfo.from_env())
+    actor = wrapped_actor(workload)
     buffer = ReplayBuffer(seed=0)
     buffer.append(synthetic_experience(spec, workload.model.vocab_size, seed=info.rank))
     update = PolicyUpdate(
@@ -73,7 +85,7 @@ def run_train_mfu(workload: Workload, *, steps: int | None, matmul_tflops: float
         epochs=1,
         temperature=1.0,
     )
-    device = backend.device
+    device = info.device
     for step in range(spec.warmup_steps):
         update.run(actor, buffer, step=step, device=device)
     timed = steps if steps is not None else spec.steps

@@ -7,7 +7,8 @@ A workload is a JSON file (the built-in ones ship in ``lrft/bench/workloads/``).
 - ``grpo``: the end-to-end GRPO loop through ``lrft train``'s own builder: prompts of random
   tokens (with ``prompts.images``, each with one random image), a text-length reward, ``train``, a mapping of ``lrft train`` settings, and optionally
   ``ragged``, responses forced to lengths of a long-tailed distribution;
-- ``train_mfu``: the policy update alone on synthetic sequences of a fixed length;
+- ``train_mfu``: the policy update alone on synthetic sequences of a fixed length, or with
+  ``ragged`` of ragged lengths, padded and packed side by side;
 - ``sync``: weight sync from the trainer into the engine;
 - ``sleep``: the engine's sleep levels and waking;
 - ``ceilings``: the size of the matmul loop that measures this run's arithmetic ceiling.
@@ -42,6 +43,7 @@ BUILT_IN = (
     "w2-lora-kl",
     "vl1",
     "vl-tiny",
+    "cpu-ragged",
 )
 """Workload names that resolve to the files shipped in ``lrft/bench/workloads/``."""
 
@@ -209,7 +211,9 @@ class TrainMfuSpec:
     """The policy update on ``sequences`` rows of ``prompt_tokens + response_tokens`` tokens:
     ``warmup_steps`` optimizer steps, then ``steps`` timed ones. ``fsdp_reshard_after_forward``
     and ``fsdp_defer_gradient_sync`` are :class:`~lrft.backends.train.fsdp2.FSDP2Config`'s
-    ``reshard_after_forward`` and ``defer_gradient_sync``."""
+    ``reshard_after_forward`` and ``defer_gradient_sync``. With ``ragged``, the responses have
+    lengths drawn from it (at most ``response_tokens``) and the update runs padded and packed
+    side by side (:mod:`lrft.bench.train_packing`)."""
 
     sequences: int = attrs.field(validator=v.positive_int)
     prompt_tokens: int = attrs.field(validator=v.positive_int)
@@ -220,12 +224,18 @@ class TrainMfuSpec:
     gradient_checkpointing: bool = False
     fsdp_reshard_after_forward: bool = True
     fsdp_defer_gradient_sync: bool = False
+    ragged: RaggedSpec | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.sequences % self.micro_train_batch_size:
             raise ConfigError(
                 f"train_mfu.sequences {self.sequences} must be a multiple of "
                 f"train_mfu.micro_train_batch_size {self.micro_train_batch_size}"
+            )
+        if self.ragged is not None and self.ragged.max_tokens > self.response_tokens:
+            raise ConfigError(
+                f"train_mfu.ragged.max_tokens {self.ragged.max_tokens} must be <= "
+                f"train_mfu.response_tokens {self.response_tokens}"
             )
 
 
@@ -283,6 +293,7 @@ _NESTED: dict[type[Any], dict[str, type[Any]]] = {
         "sleep": SleepSpec,
     },
     GrpoSpec: {"prompts": PromptSpec, "ragged": RaggedSpec},
+    TrainMfuSpec: {"ragged": RaggedSpec},
     ModelSpec: {"vision": VisionSpec},
     PromptSpec: {"images": ImageSpec},
 }

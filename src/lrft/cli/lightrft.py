@@ -51,14 +51,12 @@ HINTS: dict[str, str] = {
     "itself: drop the flag",
     "use_mp_opt": "lrft's FSDP2 keeps fp32 parameters and optimizer state and computes in bf16 "
     "on CUDA: drop the flag",
-    "packing_samples": "lrft packs the policy and critic passes with --max_tokens_per_micro_batch N",
     "fused_linear_logprob": "lrft computes logprobs without full-vocabulary logits by itself "
     "(unless the entropy is needed): drop the flag",
     "chunk_size": "lrft sizes its fused logprob chunks itself: drop the flag",
     "meta_init": "lrft loads each model once per rank and shards it as it wraps it: drop the flag",
     "actor_init_on_gpu": "the train backend places the actor on each rank's device: drop the flag",
-    "sp_size": "lrft has no sequence parallelism; long sequences fit with "
-    "--max_tokens_per_micro_batch and --gradient_checkpointing",
+    "sp_size": "lrft's --sequence_parallel_size N (with --packing_samples)",
     "zpg": "lrft has no ZeRO++ partitioning; --deepspeed_config FILE passes DeepSpeed's own keys",
     "overlap_comm": "pass DeepSpeed's overlap_comm through --deepspeed_config FILE",
     "grad_accum_dtype": "pass DeepSpeed's data types through --deepspeed_config FILE",

@@ -18,6 +18,7 @@ import torch
 from lrft.algo import PolicyLossConfig, PolicyLossInputs, advantage_estimators, policy_losses
 from lrft.api.errors import ConfigError
 from lrft.backends import registry
+from lrft.config import long_sequences
 from lrft.config.fields import TrainFields
 from lrft.config.split_checks import validate_split_world
 from lrft.extras import (
@@ -413,10 +414,13 @@ def validate_world(config: TrainFields, world_size: int) -> None:
             f"rollout_batch_size {config.rollout_batch_size} is not divisible by world size "
             f"{world_size} (each rank rolls out an equal share of the prompts)"
         )
-    per_rank = config.train_batch_size // world_size
-    if config.train_batch_size % world_size or per_rank % config.micro_train_batch_size:
+    # a sequence-parallel group trains one share of the batch
+    shares = long_sequences.data_parallel_size(config, world_size)
+    what = ranks if shares == world_size else "sequence-parallel groups"
+    per_rank = config.train_batch_size // shares
+    if config.train_batch_size % shares or per_rank % config.micro_train_batch_size:
         raise ConfigError(
-            f"train_batch_size {config.train_batch_size} must equal {ranks} {world_size} x "
+            f"train_batch_size {config.train_batch_size} must equal {what} {shares} x "
             f"micro_train_batch_size {config.micro_train_batch_size} x an integer (gradient "
             f"accumulation steps)"
         )

@@ -79,6 +79,17 @@ class TrainFields(RolloutFields):
     passes of at most this many padded tokens per rank (samples x longest) instead of
     ``micro_train_batch_size`` samples; the loss is still aggregated over
     ``micro_train_batch_size`` groups, so gradients do not change (unset: off)."""
+    # long sequences: packing and sequence parallelism (docs/long-sequences.md) -------------
+    packing_samples: bool = attrs.field(default=False, metadata=TRAINING)
+    """Run every training forward (policy update; actor, reference, critic and reward-model
+    passes) on rows packed end to end without padding, each sequence attending only to itself;
+    ``max_tokens_per_micro_batch`` then counts a packed row's real tokens (OpenRLHF's flag)."""
+    sequence_parallel_size: int = attrs.field(
+        default=1, validator=v.positive_int, metadata=TRAINING
+    )
+    """Split each packed row across this many consecutive ranks (Ulysses: each rank runs its
+    share of the tokens and attends with its share of the heads); the ranks of a group train on
+    their rows together. Needs ``packing_samples``; 1: off."""
     max_epochs: int = attrs.field(default=1, validator=v.positive_int, metadata=TRAINING)
     """Policy epochs over each iteration's experience."""
     num_episodes: int = attrs.field(default=1, validator=v.positive_int, metadata=TRAINING)

@@ -33,7 +33,7 @@ from lrft.api.episodes import EpisodeBudget
 from lrft.api.errors import ConfigError
 from lrft.api.optim import OptimizerConfig, ScheduleKind, SchedulerConfig
 from lrft.backends.train.lora import LoraSettings
-from lrft.config import checks, episodes, inputs, knobs, media_checks, split_checks
+from lrft.config import checks, episodes, inputs, knobs, long_sequences, media_checks, split_checks
 from lrft.config.fields import TrainFields
 
 DEFAULT_GAMMA = 1.0
@@ -73,6 +73,7 @@ class TrainConfig(TrainFields):
         episodes.check_episode_settings(self)
         media_checks.check_media_settings(self)
         split_checks.check_split_settings(self)
+        long_sequences.check_long_sequence_settings(self)
 
     def validate_world(self, world_size: int) -> None:
         """The rules that depend on the number of ranks; raises ``ConfigError`` naming each."""

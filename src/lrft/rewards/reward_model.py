@@ -17,6 +17,7 @@ import torch
 
 from lrft.api.errors import ConfigError
 from lrft.api.validators import non_negative, optional, positive_int, positive_number
+from lrft.models.packed_attention import ROWS_KWARG, PackedRows
 from lrft.rewards._checks import name_validator
 from lrft.rewards.base import RewardError, RewardOutput, RewardSample
 
@@ -56,6 +57,11 @@ class SequenceClassifierReward:
 
     With a sharded model the forward is collective: every rank must call this with the same
     number of micro-batches (the trainer pads the batches it shards, as for any collective).
+
+    ``packed``: each micro-batch is one row of its samples end to end, without padding
+    (``lrft.models.packed_attention``; the model must be set up for it with
+    ``use_packed_attention``), and each sample's score is its head's output at its own last
+    token, read from the head itself (``score``) rather than from the model's pooling.
     """
 
     model: torch.nn.Module | ModuleHandle
@@ -66,6 +72,7 @@ class SequenceClassifierReward:
     micro_batch_size: int = attrs.field(default=8, validator=positive_number)
     label_index: int = attrs.field(default=0, validator=non_negative)
     name: str = attrs.field(default="reward_model", validator=name_validator)
+    packed: bool = False
 
     def module(self) -> torch.nn.Module:
         """The module to run now (looked up through the handle at every call)."""
@@ -118,7 +125,7 @@ class SequenceClassifierReward:
 
     def _check_pad_id(self, module: torch.nn.Module, samples: int) -> None:
         pad_id = getattr(getattr(module, "config", None), "pad_token_id", None)
-        if pad_id is None and min(samples, self.micro_batch_size) > 1:
+        if pad_id is None and min(samples, self.micro_batch_size) > 1 and not self.packed:
             raise ConfigError(
                 f"{self.name}: the model's config.pad_token_id is None, but micro-batches of "
                 f"{self.micro_batch_size} samples need padding; set config.pad_token_id (or "
@@ -126,6 +133,8 @@ class SequenceClassifierReward:
             )
 
     def _forward(self, module: torch.nn.Module, batch: list[list[int]]) -> torch.Tensor:
+        if self.packed:
+            return self._packed_forward(module, batch)
         pad_id = getattr(getattr(module, "config", None), "pad_token_id", None)
         device = next(module.parameters()).device
         width = max(len(ids) for ids in batch)
@@ -145,3 +154,42 @@ class SequenceClassifierReward:
                 f"from a sequence-classification head, got {tuple(logits.shape)}"
             )
         return logits[:, self.label_index].detach().to("cpu", torch.float32)
+
+    def _packed_forward(self, module: torch.nn.Module, batch: list[list[int]]) -> torch.Tensor:
+        device = next(module.parameters()).device
+        lengths = [len(ids) for ids in batch]
+        input_ids = torch.tensor([token for ids in batch for token in ids], dtype=torch.long)
+        positions = torch.cat([torch.arange(length) for length in lengths])
+        head = _score_head(module)
+        captured: list[torch.Tensor] = []
+        handle = head.register_forward_hook(lambda _m, _a, output: captured.append(output))
+        try:
+            with torch.no_grad():
+                module(
+                    input_ids=input_ids[None].to(device),
+                    position_ids=positions[None].to(device),
+                    **{ROWS_KWARG: PackedRows.of_lengths(lengths, device)},
+                )
+        finally:
+            handle.remove()
+        per_token = captured[-1][0]  # (tokens, num_labels)
+        if not 0 <= self.label_index < per_token.shape[-1]:
+            raise ValueError(
+                f"label_index {self.label_index} is outside the head's {per_token.shape[-1]} "
+                "outputs"
+            )
+        ends = torch.tensor(lengths).cumsum(0) - 1
+        return per_token[ends.to(per_token.device), self.label_index].to("cpu", torch.float32)
+
+
+def _score_head(module: torch.nn.Module) -> torch.nn.Module:
+    """The per-token head of a sequence-classification model (``score``; a DeepSpeed engine
+    holds the model as ``module``)."""
+    for owner in (module, getattr(module, "module", None)):
+        head = getattr(owner, "score", None)
+        if isinstance(head, torch.nn.Module):
+            return head
+    raise ValueError(
+        f"{type(module).__name__} has no 'score' head to read per-token scores from: a packed "
+        "reward model needs a transformers sequence-classification model"
+    )

@@ -77,6 +77,8 @@ RESUMABLE_SETTINGS = frozenset(
         "fsdp_defer_gradient_sync",
         "adam_offload",
         "max_tokens_per_micro_batch",
+        "packing_samples",
+        "sequence_parallel_size",
     }
 )
 """The settings a resumed run may change; every other setting must equal the checkpoint's."""

@@ -36,6 +36,7 @@ from lrft.models.media import (
     keep_vision_tower_running,
     load_generative_model,
 )
+from lrft.models.packed_attention import use_packed_attention
 from lrft.run.export import LORA_ADAPTER_DIR, export_hf, export_lora_adapter
 from lrft.run.outputs import claim_outputs
 from lrft.trainer.async_rollout import AsyncRollout
@@ -43,6 +44,7 @@ from lrft.trainer.colocation import Colocation
 from lrft.trainer.components import engine_memory_share, train_backend, weight_sync
 from lrft.trainer.critic import CriticUpdate
 from lrft.trainer.episodes import EpisodeRunner
+from lrft.trainer.packing import token_layout
 from lrft.trainer.policy import PolicyUpdate, needs_old_logprob_pass
 from lrft.trainer.preflight import check_before_start
 from lrft.trainer.prompts import eval_prompts, load_prompts, planned_iterations
@@ -73,6 +75,8 @@ def build_critic(
     assert path is not None
     model = load_critic(path, seed=config.seed, attn_implementation=config.attn_implementation)
     keep_vision_tower_running(model)  # as the actor's (see causal_lm)
+    if config.packing_samples:
+        use_packed_attention(model)
     if config.gradient_checkpointing:
         enable_activation_checkpointing(model)
     critic = backend.prepare_trainable(
@@ -125,6 +129,8 @@ def causal_lm(config: TrainConfig) -> torch.nn.Module:
         config.pretrain, dtype=torch.float32, attn_implementation=config.attn_implementation
     )
     keep_vision_tower_running(model)
+    if config.packing_samples:
+        use_packed_attention(model)
     return model
 
 
@@ -213,6 +219,7 @@ def trainer_after_start(
     schedule = config.scheduler_config(planned_iterations(config, len(train_data), info))
 
     backend = train_backend(config, info)
+    layout = token_layout(config, info, backend)
     model = _policy_model(config)
     # LoRA: the adapters are part of the model the backend wraps
     trained = model if config.lora is None else apply_lora(model, config.lora)
@@ -254,6 +261,8 @@ def trainer_after_start(
             tp_group=None,
             eos_token_id=tokenizer.eos_token_id,
         )
+    maker.layout = layout
+    maker.max_tokens_per_pass = config.max_tokens_per_micro_batch if layout.packed else None
     if info.rank == 0:
         print(
             f"backends: train {backend.name}, engine "
@@ -319,7 +328,8 @@ def trainer_after_start(
                 actor, pretrained=pretrain, directory=directory.with_name(LORA_ADAPTER_DIR)
             )
 
-    per_rank_train = config.train_batch_size // info.world_size
+    # a sequence-parallel group trains one share of the batch
+    per_rank_train = config.train_batch_size // (info.world_size // layout.group_size)
     return RLTrainer(
         config,
         TrainerParts(
@@ -331,15 +341,16 @@ def trainer_after_start(
             sampler=sampler,
             train_data=train_data,
             eval_data=eval_data,
-            update=PolicyUpdate.from_config(config, world_size=info.world_size),
+            update=PolicyUpdate.from_config(config, world_size=info.world_size, layout=layout),
             critic_update=CriticUpdate(
                 micro_batch_size=config.micro_train_batch_size,
                 accumulation=per_rank_train // config.micro_train_batch_size,
                 epochs=config.max_epochs,
                 value_clip=config.value_clip_range,
                 max_tokens_per_micro_batch=config.max_tokens_per_micro_batch,
+                layout=layout,
             ),
-            buffer=ReplayBuffer(seed=config.seed),
+            buffer=ReplayBuffer(seed=config.seed, group=layout.group),
             old_logprob_pass=needs_old_logprob_pass(config, actor.module),
             records=RunRecords.for_run(config, info.rank),
             watch=watch,

@@ -24,51 +24,57 @@ from lrft.algo._tensor import masked_mean
 from lrft.api.protocols import FrozenModel, TrainableModel
 from lrft.trainer._update_loop import Metrics, step_groups
 from lrft.trainer.micro_batches import PackedMicroBatch, PackedPart, packed_passes
+from lrft.trainer.packing import PADDED, TokenLayout
+from lrft.trainer.passes import gradient_free
 from lrft.trainer.replay import ReplayBuffer
-from lrft.trainer.sequences import Sequences, forward_inputs, fsdp2_view_outputs_safe
+from lrft.trainer.sequences import Sequences, fsdp2_view_outputs_safe
 
 
 def response_values(
-    module: torch.nn.Module, sequences: Sequences, *, device: torch.device
+    module: torch.nn.Module,
+    sequences: Sequences,
+    *,
+    device: torch.device,
+    layout: TokenLayout = PADDED,
 ) -> Tensor:
     """(B, T) float values of the states before each generated token; 0 where masked.
+    ``layout``: padded or packed rows (:mod:`lrft.trainer.packing`).
 
-    Differentiable when grad is enabled. The forward may be collective (FSDP all-gathers): every
-    rank calls it equally often.
+    Differentiable when grad is enabled. The forward may be collective (FSDP all-gathers, a
+    sequence-parallel group's exchanges): every rank calls it equally often.
     """
+    laid = layout.lay_out(module, sequences, device)
+    inputs = laid.inputs
+    if not layout.packed and not sequences.media:
+        # a text row needs no more than ids and mask (as the critic's pretraining saw it)
+        inputs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
     # The token-classification head returns its Linear's output, a view, which FSDP2 warns of;
-    # nothing here writes to it in place (gather and masked_fill below make new tensors).
+    # nothing here writes to it in place (the pick and masked_fill below make new tensors).
     with fsdp2_view_outputs_safe():
-        # rows with images: the actor's inputs (their media tensors and m-RoPE positions)
-        inputs = (
-            {
-                "input_ids": sequences.input_ids.to(device),
-                "attention_mask": sequences.attention_mask.to(device),
-            }
-            if not sequences.media
-            else forward_inputs(module, sequences, device)
-        )
         scores: Tensor = module(**inputs).logits[..., 0]
-    steps = sequences.action_mask.shape[1]
-    positions = (sequences.prompt_lengths[:, None] - 1 + torch.arange(steps)[None, :]).clamp(
-        max=scores.shape[1] - 1
-    )
-    values = scores.gather(1, positions.to(device)).float()
+    values = laid.pick(scores, laid.response_index(sequences)).float()
     return values.masked_fill(~sequences.action_mask.to(device), 0.0)
 
 
 def critic_values(
-    critic: FrozenModel, sequences: Sequences, *, micro_batch_size: int, device: torch.device
+    critic: FrozenModel,
+    sequences: Sequences,
+    *,
+    micro_batch_size: int,
+    device: torch.device,
+    layout: TokenLayout = PADDED,
+    max_tokens: int | None = None,
 ) -> Tensor:
-    """Micro-batched, gradient-free :func:`response_values` of ``critic``, on the CPU."""
-    parts = []
-    with torch.no_grad():
-        for start in range(0, len(sequences), micro_batch_size):
-            rows = torch.arange(start, min(start + micro_batch_size, len(sequences)))
-            values = response_values(critic.module, sequences.select(rows), device=device).cpu()
-            width = sequences.action_mask.shape[1] - values.shape[1]
-            parts.append(torch.nn.functional.pad(values, (0, width)))
-    return torch.cat(parts)
+    """Gradient-free :func:`response_values` of ``critic``, forward by forward
+    (:func:`lrft.trainer.passes.gradient_free`), on the CPU. Collective."""
+    return gradient_free(
+        sequences,
+        lambda chunk: response_values(critic.module, chunk, device=device, layout=layout),
+        micro_batch_size=micro_batch_size,
+        layout=layout,
+        max_tokens=max_tokens,
+        device=device,
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -90,6 +96,8 @@ class CriticUpdate:
     epochs: int
     value_clip: float | None
     max_tokens_per_micro_batch: int | None = None
+    layout: TokenLayout = PADDED
+    """How each forward lays its rows out (:mod:`lrft.trainer.packing`)."""
 
     def run(
         self, critic: TrainableModel, buffer: ReplayBuffer, *, step: int, device: torch.device
@@ -127,7 +135,13 @@ class CriticUpdate:
                 )
                 for group, rows in enumerate(groups)
             ]
-        return packed_passes(groups, buffer, self.max_tokens_per_micro_batch, device)
+        return packed_passes(
+            groups,
+            buffer.row_lengths(),
+            self.max_tokens_per_micro_batch,
+            device,
+            packed=self.layout.packed,
+        )
 
     def _backward(
         self,
@@ -145,7 +159,7 @@ class CriticUpdate:
         batch = buffer.select(micro.buffer_rows)
         if batch.values is None or batch.returns is None:
             raise ValueError("the critic update needs experience with values and returns")
-        values = response_values(critic.module, batch.sequences, device=device)
+        values = response_values(critic.module, batch.sequences, device=device, layout=self.layout)
         old_values, returns = batch.values.to(device), batch.returns.to(device)
         masks = batch.sequences.action_mask.to(device)
         losses = []

@@ -31,13 +31,10 @@ from lrft.data import PromptSample
 from lrft.dist import all_gather_objects, tp_group_generate
 from lrft.rewards import RewardError, RewardFn, RewardOutput, RewardSample, compute_rewards
 from lrft.trainer.logprobs import response_logprobs as fused_response_logprobs
+from lrft.trainer.packing import PADDED, TokenLayout
+from lrft.trainer.passes import gradient_free
 from lrft.trainer.sampling import fire_generate
-from lrft.trainer.sequences import (
-    Sequences,
-    forward_inputs,
-    fsdp2_view_outputs_safe,
-    response_positions,
-)
+from lrft.trainer.sequences import Sequences, fsdp2_view_outputs_safe
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -49,6 +46,7 @@ def response_logprobs(
     temperature: float,
     device: torch.device,
     first_token_temperature: float | None = None,
+    layout: TokenLayout = PADDED,
 ) -> Tensor:
     """(B, T): log-probability of each generated token under ``log_softmax(logits / T)``.
 
@@ -56,16 +54,20 @@ def response_logprobs(
     The forward may be collective (FSDP all-gathers): every rank calls it equally often. Computed
     by :func:`lrft.trainer.logprobs.response_logprobs`, without full-vocabulary logits, unless
     ``first_token_temperature`` is set (FIRE sampling): then each response's first token is
-    scored at that temperature, through :func:`response_logits`.
+    scored at that temperature, through :func:`response_logits`. ``layout``: padded or packed
+    rows (:mod:`lrft.trainer.packing`).
     """
     if first_token_temperature is None:
-        return fused_response_logprobs(module, sequences, temperature=temperature, device=device)
+        return fused_response_logprobs(
+            module, sequences, temperature=temperature, device=device, layout=layout
+        )
     logits = response_logits(
         module,
         sequences,
         temperature=temperature,
         device=device,
         first_token_temperature=first_token_temperature,
+        layout=layout,
     )
     return token_logprobs(logits, sequences)
 
@@ -77,6 +79,7 @@ def response_logits(
     temperature: float,
     device: torch.device,
     first_token_temperature: float | None = None,
+    layout: TokenLayout = PADDED,
 ) -> Tensor:
     """(B, T, V) float32: the logits that predict each response token, divided by the
     temperature it was sampled at (``first_token_temperature`` for the first one under FIRE,
@@ -85,10 +88,10 @@ def response_logits(
     The full-vocabulary path, for what needs the whole distribution (the entropy); the
     differentiable forward may be collective, like :func:`response_logprobs`.
     """
+    laid = layout.lay_out(module, sequences, device)
     with fsdp2_view_outputs_safe():
-        logits: Tensor = module(**forward_inputs(module, sequences, device)).logits
-    positions = response_positions(sequences).to(device)
-    picked = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1])).float()
+        logits: Tensor = module(**laid.inputs).logits
+    picked = laid.pick(logits, laid.response_index(sequences)).float()
     if first_token_temperature is None:
         return picked / temperature
     temperatures = fire_temperatures(
@@ -201,6 +204,11 @@ class ExperienceMaker:
     """Clip each reward to [-c, c] after normalisation, before the KL penalty (0: off)."""
     advantage_clip: float = 0.0
     """Clip each advantage to [-c, c] after the estimator's normalisation (0: off)."""
+    layout: TokenLayout = PADDED
+    """How :meth:`logprobs`' forwards lay their rows out (:mod:`lrft.trainer.packing`)."""
+    max_tokens_per_pass: int | None = None
+    """With packed rows: the most tokens of one of :meth:`logprobs`' forwards (None: rows of
+    ``micro_batch_size``)."""
 
     def generate(
         self, prompts: Sequence[PromptSample], params: SamplingParams
@@ -243,22 +251,23 @@ class ExperienceMaker:
         return tp_group_generate(self.engine.generate, requests, params, group)
 
     def logprobs(self, model: FrozenModel, sequences: Sequences) -> Tensor:
-        """Micro-batched, gradient-free :func:`response_logprobs` of ``model``, on the CPU."""
-        parts = []
-        with torch.no_grad():
-            for start in range(0, len(sequences), self.micro_batch_size):
-                rows = torch.arange(start, min(start + self.micro_batch_size, len(sequences)))
-                chunk = sequences.select(rows)
-                values = response_logprobs(
-                    model.module,
-                    chunk,
-                    temperature=self.sampling.temperature,
-                    device=self.device,
-                    first_token_temperature=self.first_token_temperature,
-                ).cpu()
-                width = sequences.action_mask.shape[1] - values.shape[1]
-                parts.append(torch.nn.functional.pad(values, (0, width)))
-        return torch.cat(parts)
+        """Gradient-free :func:`response_logprobs` of ``model``, forward by forward
+        (:func:`lrft.trainer.passes.gradient_free`), on the CPU. Collective."""
+        return gradient_free(
+            sequences,
+            lambda chunk: response_logprobs(
+                model.module,
+                chunk,
+                temperature=self.sampling.temperature,
+                device=self.device,
+                first_token_temperature=self.first_token_temperature,
+                layout=self.layout,
+            ),
+            micro_batch_size=self.micro_batch_size,
+            layout=self.layout,
+            max_tokens=self.max_tokens_per_pass,
+            device=self.device,
+        )
 
     def shape(self, scores: Tensor, lengths: Tensor) -> Tensor:
         """The rewards the advantages see: ``scores`` (B,) plus DAPO's overlong penalty of

@@ -21,12 +21,8 @@ import torch
 from torch import Tensor
 
 from lrft.algo.logprobs import DEFAULT_CHUNK_TOKENS, chunked_token_logprobs
-from lrft.trainer.sequences import (
-    Sequences,
-    forward_inputs,
-    fsdp2_view_outputs_safe,
-    response_positions,
-)
+from lrft.trainer.packing import PADDED, LaidOut, TokenLayout
+from lrft.trainer.sequences import Sequences, fsdp2_view_outputs_safe
 
 # Config attributes of transformers models that transform the head's output before returning
 # it as logits; a model that sets any of them is computed the plain way.
@@ -61,16 +57,21 @@ def output_head(module: torch.nn.Module) -> torch.nn.Linear | None:
 
 
 def plain_response_logprobs(
-    module: torch.nn.Module, sequences: Sequences, *, temperature: float, device: torch.device
+    module: torch.nn.Module,
+    sequences: Sequences,
+    *,
+    temperature: float,
+    device: torch.device,
+    layout: TokenLayout = PADDED,
 ) -> Tensor:
     """(B, T) through the model's full logits: ``log_softmax(logits / T)`` gathered.
 
     The reference definition; :func:`response_logprobs` equals it.
     """
+    laid = layout.lay_out(module, sequences, device)
     with fsdp2_view_outputs_safe():
-        logits: Tensor = module(**forward_inputs(module, sequences, device)).logits
-    positions = response_positions(sequences).to(device)
-    picked = logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))
+        logits: Tensor = module(**laid.inputs).logits
+    picked = laid.pick(logits, laid.response_index(sequences))
     logprobs = torch.log_softmax(picked.float() / temperature, dim=-1)
     chosen = logprobs.gather(-1, sequences.action_tokens.to(device)[..., None]).squeeze(-1)
     return chosen.masked_fill(~sequences.action_mask.to(device), 0.0)
@@ -82,18 +83,20 @@ class _HeadInterception:
     def __init__(
         self,
         sequences: Sequences,
+        laid: LaidOut,
         *,
         temperature: float,
         device: torch.device,
         chunk_tokens: int,
     ) -> None:
         mask = sequences.action_mask
-        rows, steps = mask.nonzero(as_tuple=True)
-        width = sequences.input_ids.shape[1]
-        positions = response_positions(sequences)[rows, steps]
-        self._flat_index = (rows * width + positions).to(device)
-        self._targets = sequences.action_tokens[rows, steps].to(device)
-        self._mask = mask.to(device)
+        held, offsets = laid.local(laid.response_index(sequences)[mask])
+        # with a split row, this rank scores the response tokens its share of the row predicts
+        self._flat_index = offsets[held].to(device)
+        self._targets = sequences.action_tokens[mask][held].to(device)
+        self._mask = mask.clone()
+        self._mask[mask] = held
+        self._mask = self._mask.to(device)
         self._temperature = temperature
         self._chunk_tokens = chunk_tokens
         self._hidden: Tensor | None = None
@@ -129,19 +132,24 @@ def response_logprobs(
     temperature: float,
     device: torch.device,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    layout: TokenLayout = PADDED,
 ) -> Tensor:
     """(B, T): log-probability of each response token under ``log_softmax(logits / T)``, 0 at
     padding. Equals :func:`plain_response_logprobs` (values and gradients) without its
-    full-vocabulary logits; falls back to it for heads that cannot be intercepted.
+    full-vocabulary logits; falls back to it for heads that cannot be intercepted. ``layout``:
+    padded or packed rows (:mod:`lrft.trainer.packing`).
 
-    Differentiable when grad is enabled. The forward may be collective (FSDP all-gathers): every
-    rank calls it equally often.
+    Differentiable when grad is enabled. The forward may be collective (FSDP all-gathers, a
+    sequence-parallel group's exchanges): every rank calls it equally often.
     """
     head = output_head(module)
     if head is None:
-        return plain_response_logprobs(module, sequences, temperature=temperature, device=device)
+        return plain_response_logprobs(
+            module, sequences, temperature=temperature, device=device, layout=layout
+        )
+    laid = layout.lay_out(module, sequences, device)
     hooks = _HeadInterception(
-        sequences, temperature=temperature, device=device, chunk_tokens=chunk_tokens
+        sequences, laid, temperature=temperature, device=device, chunk_tokens=chunk_tokens
     )
     # prepend: run before a wrapper's own post-forward hook, which may release the gathered
     # head weight (DeepSpeed ZeRO-3).
@@ -151,8 +159,8 @@ def response_logprobs(
     ]
     try:
         with fsdp2_view_outputs_safe():
-            result: Tensor = module(**forward_inputs(module, sequences, device)).logits
+            result: Tensor = module(**laid.inputs).logits
     finally:
         for handle in handles:
             handle.remove()
-    return result
+    return laid.combine(result)

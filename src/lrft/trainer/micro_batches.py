@@ -4,7 +4,8 @@ of (padded) tokens, with the loss of the fixed micro-batches unchanged.
 With ``micro_train_batch_size`` rows per micro-batch, one long response makes its whole
 micro-batch wide, and a batch of short ones leaves the device idle. Packing by tokens fixes
 both: the rows of one optimizer step are sorted by length and placed first-fit into
-micro-batches whose padded size (rows x longest row) stays within the budget.
+micro-batches whose padded size (rows x longest row) stays within the budget, or, when the
+forwards pack their rows end to end (``--packing_samples``), whose tokens do.
 
 The loss does not change. The fixed micro-batches (``micro_train_batch_size`` shuffled rows)
 still define how losses are aggregated: each one's loss is a sum of per-row terms divided by a
@@ -23,13 +24,13 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from lrft.trainer.replay import ReplayBuffer
-
 logger = logging.getLogger(__name__)
 
 
-def pack_by_tokens(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Indices of ``lengths``, grouped so that ``len(group) * max(lengths[group]) <= budget``.
+def pack_by_tokens(lengths: Sequence[int], budget: int, *, packed: bool = False) -> list[list[int]]:
+    """Indices of ``lengths``, grouped so that each group's cost stays within ``budget``: its
+    padded size ``len(group) * max(lengths[group])``, or with ``packed`` (rows laid end to end,
+    :mod:`lrft.trainer.packing`) its tokens ``sum(lengths[group])``.
 
     First-fit on the rows sorted longest first (ties by index, so the plan is deterministic).
     A row longer than ``budget`` makes a micro-batch of its own.
@@ -39,10 +40,13 @@ def pack_by_tokens(lengths: Sequence[int], budget: int) -> list[list[int]]:
     order = sorted(range(len(lengths)), key=lambda index: (-lengths[index], index))
     groups: list[list[int]] = []
     widths: list[int] = []  # each group's first (longest) row
+    totals: list[int] = []  # each group's tokens
     for index in order:
-        for group, width in zip(groups, widths, strict=True):
-            if (len(group) + 1) * width <= budget:
+        for slot, group in enumerate(groups):
+            cost = totals[slot] + lengths[index] if packed else (len(group) + 1) * widths[slot]
+            if cost <= budget:
                 group.append(index)
+                totals[slot] += lengths[index]
                 break
         else:
             if lengths[index] > budget:
@@ -54,6 +58,7 @@ def pack_by_tokens(lengths: Sequence[int], budget: int) -> list[list[int]]:
                 )
             groups.append([index])
             widths.append(lengths[index])
+            totals.append(lengths[index])
     return groups
 
 
@@ -78,21 +83,22 @@ class PackedMicroBatch:
 
 
 def plan_step(
-    groups: Sequence[torch.Tensor], lengths: torch.Tensor, budget: int
+    groups: Sequence[torch.Tensor], lengths: torch.Tensor, budget: int, *, packed: bool = False
 ) -> list[PackedMicroBatch]:
     """The packed micro-batches of one optimizer step over the fixed ``groups`` (buffer row
-    indices); ``lengths`` holds every buffer row's token count."""
+    indices); ``lengths`` holds every buffer row's token count; ``packed``: the forwards lay
+    their rows end to end (:func:`pack_by_tokens`)."""
     owners: list[tuple[int, int]] = [
         (group, int(row)) for group, rows in enumerate(groups) for row in rows.tolist()
     ]
-    plan = pack_by_tokens([int(lengths[row]) for _, row in owners], budget)
-    packed = []
+    plan = pack_by_tokens([int(lengths[row]) for _, row in owners], budget, packed=packed)
+    micro_batches = []
     for members in plan:
         members = sorted(members)  # keep each fixed micro-batch's rows together, in its order
         parts: dict[int, list[int]] = {}
         for position, member in enumerate(members):
             parts.setdefault(owners[member][0], []).append(position)
-        packed.append(
+        micro_batches.append(
             PackedMicroBatch(
                 buffer_rows=torch.tensor([owners[member][1] for member in members]),
                 parts=tuple(
@@ -100,7 +106,7 @@ def plan_step(
                 ),
             )
         )
-    return packed
+    return micro_batches
 
 
 def equalize_across_ranks(
@@ -118,8 +124,16 @@ def equalize_across_ranks(
 
 
 def packed_passes(
-    groups: Sequence[torch.Tensor], buffer: ReplayBuffer, budget: int, device: torch.device
+    groups: Sequence[torch.Tensor],
+    lengths: torch.Tensor,
+    budget: int,
+    device: torch.device,
+    *,
+    packed: bool = False,
 ) -> list[PackedMicroBatch]:
-    """One optimizer step's forwards over the fixed ``groups``, packed within ``budget`` tokens
-    and padded to as many as any rank makes. Collective."""
-    return equalize_across_ranks(plan_step(groups, buffer.row_lengths(), budget), device)
+    """One optimizer step's forwards over the fixed ``groups`` (buffer rows whose token counts
+    are ``lengths``: :meth:`~lrft.trainer.replay.ReplayBuffer.row_lengths`), packed within
+    ``budget`` tokens (padded or, with ``packed``, laid end to end) and padded to as many as any
+    rank makes. Collective."""
+    plan = plan_step(groups, lengths, budget, packed=packed)
+    return equalize_across_ranks(plan, device)

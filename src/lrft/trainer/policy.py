@@ -30,6 +30,7 @@ from lrft.trainer.experience import (
     token_logprobs,
 )
 from lrft.trainer.micro_batches import PackedMicroBatch, packed_passes
+from lrft.trainer.packing import PADDED, TokenLayout
 from lrft.trainer.replay import ReplayBuffer
 
 
@@ -46,7 +47,8 @@ class PolicyUpdate:
     ``max_tokens_per_micro_batch``: when set, each optimizer step's rows are packed into forwards
     of at most that many (padded) tokens (:mod:`lrft.trainer.micro_batches`); the loss is still
     aggregated over the fixed micro-batches of ``micro_batch_size`` rows, so the gradient does not
-    change.
+    change. ``layout``: how each forward lays its rows out (padded, or packed end to end and
+    then ``max_tokens_per_micro_batch`` counts real tokens: :mod:`lrft.trainer.packing`).
     """
 
     micro_batch_size: int
@@ -62,6 +64,7 @@ class PolicyUpdate:
     entropy_coef: float | None = None
     high_entropy_ratio: float = 0.0
     max_tokens_per_micro_batch: int | None = None
+    layout: TokenLayout = PADDED
 
     def __attrs_post_init__(self) -> None:
         if self.max_tokens_per_micro_batch is not None and self.high_entropy_ratio > 0:
@@ -71,9 +74,13 @@ class PolicyUpdate:
             )
 
     @classmethod
-    def from_config(cls, config: TrainConfig, *, world_size: int) -> PolicyUpdate:
-        """The policy phase that ``config`` describes on ``world_size`` ranks."""
-        per_rank = config.train_batch_size // world_size
+    def from_config(
+        cls, config: TrainConfig, *, world_size: int, layout: TokenLayout = PADDED
+    ) -> PolicyUpdate:
+        """The policy phase that ``config`` describes on ``world_size`` ranks, whose forwards
+        lay their rows out as ``layout`` does (a sequence-parallel group's ranks share one
+        part of the batch)."""
+        per_rank = config.train_batch_size // (world_size // layout.group_size)
         return cls(
             micro_batch_size=config.micro_train_batch_size,
             accumulation=per_rank // config.micro_train_batch_size,
@@ -88,6 +95,7 @@ class PolicyUpdate:
             entropy_coef=config.entropy_loss_coef,
             high_entropy_ratio=config.high_entropy_token_ratio,
             max_tokens_per_micro_batch=config.max_tokens_per_micro_batch,
+            layout=layout,
         )
 
     @property
@@ -121,6 +129,7 @@ class PolicyUpdate:
                 temperature=self.temperature,
                 device=device,
                 first_token_temperature=self.first_token_temperature,
+                layout=self.layout,
             )
             logprobs = token_logprobs(logits, batch.sequences)
             entropy = entropy_from_logits(logits, mask)
@@ -131,6 +140,7 @@ class PolicyUpdate:
                 temperature=self.temperature,
                 device=device,
                 first_token_temperature=self.first_token_temperature,
+                layout=self.layout,
             )
         return logprobs, entropy
 
@@ -222,7 +232,13 @@ class PolicyUpdate:
                     actor.backward(loss / self.accumulation, sync_gradients=last)
                     metrics.record(values)
             else:
-                passes = packed_passes(groups, buffer, self.max_tokens_per_micro_batch, device)
+                passes = packed_passes(
+                    groups,
+                    buffer.row_lengths(),
+                    self.max_tokens_per_micro_batch,
+                    device,
+                    packed=self.layout.packed,
+                )
                 for index, micro in enumerate(passes):
                     last = index == len(passes) - 1
                     self._packed_backward(

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from transformers import AutoConfig, AutoTokenizer
 
+from lrft.api.errors import ConfigError
 from lrft.backends.train.lora import check_lora_model
 from lrft.config import TrainConfig
 from lrft.data.formatting import check_system_role
+from lrft.models.packed_attention import check_packing_support
 from lrft.run import checkpoint as ckpt
 from lrft.run.resume import check_resume_settings, checkpoint_to_resume
 from lrft.trainer.episodes import environment_setup
@@ -23,6 +25,7 @@ def check_before_start(config: TrainConfig) -> None:
     _check_system_prompt(config)
     _check_lora(config)
     _check_environment(config)
+    _check_packing(config)
 
 
 def _check_resume(config: TrainConfig) -> None:
@@ -64,3 +67,22 @@ def _check_environment(config: TrainConfig) -> None:
     environment_setup(
         config.environment, config.tools, config.environment_option_values(), tokenizer
     )
+
+
+def _check_packing(config: TrainConfig) -> None:
+    """Every model the trainer packs rows for (actor and reference, critic, reward models) is of
+    a family lrft packs, and the actor's and critic's heads split over the sequence-parallel
+    group (reward models score each rank's own rows, unsplit)."""
+    if not config.packing_samples:
+        return
+    assert config.pretrain is not None
+    models = [("pretrain", config.pretrain, config.sequence_parallel_size)]
+    if config.uses_critic:
+        critic = config.critic_pretrain if config.critic_pretrain is not None else config.pretrain
+        models.append(("critic_pretrain", critic, config.sequence_parallel_size))
+    models += [("reward_pretrain", path, 1) for path in config.reward_pretrain]
+    for flag, path, split in models:
+        try:
+            check_packing_support(AutoConfig.from_pretrained(path), split)
+        except ConfigError as error:
+            raise ConfigError(f"{flag} {path!r}: {error}") from error

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
+import torch.distributed as dist
 
+from lrft.dist import all_gather_objects
 from lrft.trainer.experience import ExperienceBatch
+from lrft.trainer.sequence_groups import concat_sequences, widened, widened_optional
 
 
 class ReplayBuffer:
@@ -14,14 +17,20 @@ class ReplayBuffer:
 
     The order depends only on ``seed`` and the epoch, so a resumed run replays the same
     micro-batches. Every rank holds the same number of rows, so every rank runs the same number
-    of (collective) forward passes.
+    of (collective) forward passes. With a sequence-parallel ``group``, :meth:`append` gathers
+    the group's experience: its ranks hold and hand out the same rows
+    (:mod:`lrft.trainer.sequence_groups`).
     """
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, group: dist.ProcessGroup | None = None) -> None:
         self._seed = seed
+        self._group = group
         self._items: list[ExperienceBatch] = []
 
     def append(self, batch: ExperienceBatch) -> None:
+        """Hold ``batch`` (with a group, the group's batches). Collective over the group."""
+        if self._group is not None:
+            batch = concat_experience(all_gather_objects(batch, self._group))
         self._items.append(batch)
 
     def clear(self) -> None:
@@ -56,3 +65,19 @@ class ReplayBuffer:
         if len(self._items) != 1:
             raise ValueError(f"the buffer holds {len(self._items)} batches; append exactly one")
         return self._items[0]
+
+
+def concat_experience(parts: Sequence[ExperienceBatch]) -> ExperienceBatch:
+    """``parts``' rows in order (per-token tensors padded to the longest response); the first
+    part's metrics."""
+    return ExperienceBatch(
+        sequences=concat_sequences([part.sequences for part in parts]),
+        old_logprobs=widened_optional([part.old_logprobs for part in parts]),
+        ref_logprobs=widened_optional([part.ref_logprobs for part in parts]),
+        scores=torch.cat([part.scores for part in parts]),
+        advantages=widened([part.advantages for part in parts]),
+        metrics=dict(parts[0].metrics),
+        values=widened_optional([part.values for part in parts]),
+        returns=widened_optional([part.returns for part in parts]),
+        engine_logprobs=widened_optional([part.engine_logprobs for part in parts]),
+    )

@@ -33,6 +33,7 @@ from lrft.api.types import ModelPart
 from lrft.config import TrainConfig
 from lrft.data import PromptDataset
 from lrft.extras import REWARDS_EXTRA
+from lrft.models.packed_attention import use_packed_attention
 from lrft.rewards import (
     CombinedReward,
     MathVerifyReward,
@@ -229,6 +230,8 @@ def load_reward_model(
                 "pad or end-of-sequence token to pad micro-batches with"
             )
         model.config.pad_token_id = int(pad)
+    if config.packing_samples:
+        use_packed_attention(model)
     frozen = backend.prepare_frozen(model)
     offload = config.enable_engine_sleep and ModelPart.PARAMETERS in backend.capabilities.offload
     if offload:
@@ -238,6 +241,7 @@ def load_reward_model(
         tokenizer=tokenizer,
         micro_batch_size=config.micro_rollout_batch_size,
         name=name,
+        packed=config.packing_samples,
     )
     return ColocatedRewardModel(reward=reward, model=frozen, device=backend.device, offload=offload)
 

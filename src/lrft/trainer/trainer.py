@@ -161,7 +161,12 @@ class RLTrainer:
         ref = col.reference_pass(lambda model: maker.logprobs(model, sequences))
         values = col.critic_pass(
             lambda model: critic_values(
-                model, sequences, micro_batch_size=maker.micro_batch_size, device=self.device
+                model,
+                sequences,
+                micro_batch_size=maker.micro_batch_size,
+                device=self.device,
+                layout=maker.layout,
+                max_tokens=maker.max_tokens_per_pass,
             )
         )
         experience = col.plain(

@@ -357,6 +357,8 @@ def _non_default(name: str) -> list[str]:
                 "max_staleness": ["--rollout_world_size=1", "--max_staleness=1"],
             }.items()
         },
+        # sequence parallelism splits packed rows
+        "sequence_parallel_size": ["--packing_samples", "--sequence_parallel_size=2"],
     }
     if name in special:
         return special[name]

@@ -224,6 +224,10 @@ SHOWN_ELSEWHERE: dict[str, str] = {
     "placement": "tests/trainer/test_split_ranks.py::test_one_step_behind_trains_nothing_older",
     "rollout_world_size": "tests/trainer/test_split_ranks.py::test_one_step_behind_trains_nothing_older",
     "max_staleness": "tests/trainer/test_split_ranks.py::test_one_step_behind_trains_nothing_older",
+    # the packed forwards compute what the padded ones do (the effect is the kernels' inputs);
+    # sequence parallelism needs a second rank
+    "packing_samples": "tests/trainer/test_long_sequence_ranks.py::TestLongSequenceRanks::test_packed_iteration_trains_actor_and_critic_as_the_padded_one",
+    "sequence_parallel_size": "tests/trainer/test_long_sequence_ranks.py::TestLongSequenceRanks::test_a_sequence_parallel_group_passes_and_trains_as_the_unsplit_run",
     # a backend or sync an installed package registers
     "train_backend": "tests/trainer/test_plugin_backend_torchrun.py::test_lrft_train_trains_with_an_installed_packages_backends",
     "weight_sync": "tests/trainer/test_plugin_backend_torchrun.py::test_lrft_train_trains_with_an_installed_packages_backends",

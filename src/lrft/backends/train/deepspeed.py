@@ -100,7 +100,12 @@ class DeepSpeedBackend(PlacedBackend[DeepSpeedConfig]):
         )
         _init_deepspeed_comm(self._device)
         self._capabilities = TrainCapabilities(
-            offload=movable_parts(self._config.zero_stage), mixed_precision=self._mixed
+            offload=movable_parts(self._config.zero_stage),
+            mixed_precision=self._mixed,
+            # gradients are averaged over the whole default group (DeepSpeed's data-parallel
+            # group without a model-parallel unit), so sequence-parallel shards add up
+            packed_sequences=True,
+            sequence_parallel=True,
         )
 
     def deepspeed_config(

@@ -114,7 +114,11 @@ class FSDP2Backend(PlacedBackend[FSDP2Config]):
         self._mesh: DeviceMesh = init_device_mesh(self._device.type, (dist.get_world_size(),))
         movable = () if self._config.cpu_offload else tuple(ModelPart)
         self._capabilities = TrainCapabilities(
-            offload=frozenset(movable), mixed_precision=self._mixed
+            offload=frozenset(movable),
+            mixed_precision=self._mixed,
+            # the mesh spans the whole default group: gradients average over every rank
+            packed_sequences=True,
+            sequence_parallel=True,
         )
 
     def prepare_trainable(

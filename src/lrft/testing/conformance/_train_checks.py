@@ -8,7 +8,7 @@ backend must reproduce whatever it shards.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -76,10 +76,14 @@ class Reference:
 
     def step(self, tokens: torch.Tensor) -> tuple[float, float]:
         """One optimizer step on the whole batch; returns (gradient norm, learning rate)."""
+        return self.step_on(lambda model: lm_loss(model, tokens))
+
+    def step_on(self, loss_of: Callable[[torch.nn.Module], torch.Tensor]) -> tuple[float, float]:
+        """One optimizer step on ``loss_of(model)``; returns (gradient norm, learning rate)."""
         lr = self.config.lr * self.schedule.multiplier(self.steps)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        torch.autograd.backward(lm_loss(self.model, tokens))
+        torch.autograd.backward(loss_of(self.model))
         # an infinite bound measures the norm without clipping
         bound = self.config.max_grad_norm if self.config.max_grad_norm > 0 else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), bound)

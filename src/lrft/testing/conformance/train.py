@@ -44,12 +44,13 @@ from lrft.testing.conformance import (  # noqa: F401
     _train_schedule_ranks,
 )
 from lrft.testing.conformance._registry import TRAIN_CHECKS, RegisteredCheck
-from lrft.testing.conformance._train_hooks import B, TrainBackendHooks
+from lrft.testing.conformance._train_hooks import B
 from lrft.testing.conformance._train_ranks import accumulation_matches_one_batch
 from lrft.testing.conformance._train_schedule_ranks import (
     resume_at_another_world_size,
     save_for_resharding,
 )
+from lrft.testing.conformance.train_long import LongSequenceChecks
 from lrft.testing.distributed import RankPool
 
 __all__ = [
@@ -87,7 +88,7 @@ def __getattr__(name: str) -> Callable[..., Any]:
     return TRAIN_CHECKS.lookup(name, RENAMED)
 
 
-class TrainBackendSuite(TrainBackendHooks[B]):
+class TrainBackendSuite(LongSequenceChecks[B]):
     """Conformance tests of a ``TrainBackend``; subclass it once per backend and world size. One
     ``test_<what>`` per registered check ``check_<what>``."""
 
