@@ -7,13 +7,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import ClassVar, Generic, TypeVar
 
+import pytest
 import torch
 
 from lrft.api import RolloutEngine, TrainableModel, TrainBackend, WeightSync
 from lrft.api.media import Modality
 from lrft.testing.audio_models import tiny_audio_lm
 from lrft.testing.distributed import DistributedSuite
-from lrft.testing.models import tiny_causal_lm
+from lrft.testing.models import save_tiny_causal_lm, tiny_causal_lm
 from lrft.testing.vision_models import tiny_vlm
 
 S = TypeVar("S", bound=WeightSync)
@@ -22,6 +23,29 @@ S = TypeVar("S", bound=WeightSync)
 class WeightSyncHooks(DistributedSuite, abc.ABC, Generic[S]):
     """What a subclass of ``WeightSyncSuite`` supplies: how to build the object under test,
     backdoors that read its state without the API under test, and the settings the checks read."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        """The source model's folder (untied embeddings)."""
+        return cls._save_model(tmp_path_factory.mktemp("sync-model"), tied=False)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def tied_model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
+        """The source model's folder with tied embeddings."""
+        return cls._save_model(tmp_path_factory.mktemp("sync-model-tied"), tied=True)
+
+    @classmethod
+    def _save_model(cls, directory: Path, *, tied: bool) -> Path:
+        q, kv = cls.model_heads
+        return save_tiny_causal_lm(
+            directory,
+            seed=0,
+            num_attention_heads=q,
+            num_key_value_heads=kv,
+            tie_word_embeddings=tied,
+        )
 
     #: the dtype the engine stores; a subclass for a bf16 engine sets ``torch.bfloat16``
     engine_dtype: ClassVar[torch.dtype] = torch.float32

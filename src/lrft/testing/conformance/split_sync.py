@@ -50,7 +50,6 @@ from lrft.testing.distributed import (
     missing_devices,
     shared_pool,
 )
-from lrft.testing.models import save_tiny_causal_lm
 
 __all__ = [
     "SplitWeightSyncSuite",
@@ -101,33 +100,12 @@ class SplitWeightSyncSuite(WeightSyncHooks[S]):
 
     @pytest.fixture(scope="class")
     @classmethod
-    def model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
-        return cls._save_model(tmp_path_factory.mktemp("split-sync-model"), tied=False)
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def tied_model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
-        return cls._save_model(tmp_path_factory.mktemp("split-sync-model-tied"), tied=True)
-
-    @pytest.fixture(scope="class")
-    @classmethod
     def vlm_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
         from lrft.testing.vision_models import save_tiny_vlm
 
         q, kv = cls.model_heads
         directory = tmp_path_factory.mktemp("split-sync-vlm")
         return save_tiny_vlm(directory, 0, num_attention_heads=q, num_key_value_heads=kv)
-
-    @classmethod
-    def _save_model(cls, directory: Path, *, tied: bool) -> Path:
-        q, kv = cls.model_heads
-        return save_tiny_causal_lm(
-            directory,
-            seed=0,
-            num_attention_heads=q,
-            num_key_value_heads=kv,
-            tie_word_embeddings=tied,
-        )
 
     def _run(self, pool: RankPool, check: Any, *args: object) -> list[dict[str, Any]]:
         return cast(list[dict[str, Any]], pool.run(check, type(self), *args))

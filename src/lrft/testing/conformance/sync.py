@@ -60,7 +60,6 @@ from lrft.testing.conformance._sync_proxies import (
 )
 from lrft.testing.conformance._sync_serving_checks import SyncMediaModels
 from lrft.testing.distributed import RankPool
-from lrft.testing.models import save_tiny_causal_lm
 from lrft.testing.vision_models import save_tiny_vlm
 
 __all__ = [
@@ -90,16 +89,6 @@ class WeightSyncSuite(WeightSyncHooks[S]):
 
     @pytest.fixture(scope="class")
     @classmethod
-    def model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
-        return cls._save_model(tmp_path_factory.mktemp("sync-model"), tied=False)
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def tied_model_dir(cls, tmp_path_factory: pytest.TempPathFactory) -> Path:
-        return cls._save_model(tmp_path_factory.mktemp("sync-model-tied"), tied=True)
-
-    @pytest.fixture(scope="class")
-    @classmethod
     def media_model_dirs(cls, tmp_path_factory: pytest.TempPathFactory) -> SyncMediaModels:
         """The tiny Qwen2-VL and Qwen2-Audio folders, built once per session and heads."""
         key = (tmp_path_factory.getbasetemp(), cls.model_heads)
@@ -112,17 +101,6 @@ class WeightSyncSuite(WeightSyncHooks[S]):
                 audio_dir=save_tiny_audio_lm(root / "audio", seed=0, **heads),
             )
         return _MEDIA_MODELS[key]
-
-    @classmethod
-    def _save_model(cls, directory: Path, *, tied: bool) -> Path:
-        q, kv = cls.model_heads
-        return save_tiny_causal_lm(
-            directory,
-            seed=0,
-            num_attention_heads=q,
-            num_key_value_heads=kv,
-            tie_word_embeddings=tied,
-        )
 
     def run_check(self, pool: RankPool, check: Callable[..., Any], *fixtures: Any) -> None:
         """``check(suite class, *fixtures)`` on every rank of ``pool``."""
