@@ -38,7 +38,7 @@ from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
 from lrft.bench.assets import prompt_ids, random_model
 from lrft.bench.ragged import EndDraw
 from lrft.bench.workloads import RaggedSpec, load_workload
-from lrft.trainer.demo.tokenizer import EOS_ID
+from lrft.demos.tokenizer import EOS_ID
 
 
 def synchronize(device: torch.device) -> None:
