@@ -17,6 +17,7 @@ from transformers import (
 
 from lrft.api.types import Location
 from lrft.cli import config_from_args
+from lrft.demos.apply import apply_demo_or_preset
 from lrft.dist import RankInfo
 from lrft.presets import SMOLLM2_TASK
 from lrft.presets.word_problems import INSTRUCTION
@@ -135,7 +136,8 @@ def _preset_data(root: Path) -> dict[str, Any]:
             "--no-use_tensorboard",
         ]
     )
-    trainer = build_trainer(config, info)
+    # as lrft train does: the preset's data first
+    trainer = build_trainer(apply_demo_or_preset(config, info.rank), info)
     first = trainer.train_data[0]
     return {
         "train": len(trainer.train_data),
