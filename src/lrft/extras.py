@@ -37,6 +37,14 @@ def vllm_available() -> bool:
     return installed("vllm")
 
 
+def peft_available() -> bool:
+    return installed("peft")
+
+
+def httpx_available() -> bool:
+    return installed("httpx")
+
+
 def math_verify_available() -> bool:
     """Whether ``--reward_fn math``'s verifier is installed (the ``rewards`` extra)."""
     return installed("math_verify")

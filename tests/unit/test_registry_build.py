@@ -131,7 +131,7 @@ def test_a_train_backend_gets_the_settings_named_after_it(
 
 def test_an_engine_gets_the_options_its_facts_call_for(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    monkeypatch.setattr("lrft.config.checks.vllm_available", lambda: True)
+    monkeypatch.setattr("lrft.extras.vllm_available", lambda: True)
     _register(monkeypatch, "rollout", "reserving", EngineFacts(max_tp=2, reserves_memory=True))
     _register(monkeypatch, "rollout", "plain")
     config = TrainConfig(engine_type="reserving", engine_mem_util=0.3, n_samples_per_prompt=4)
@@ -162,7 +162,7 @@ def test_the_vllm_engine_is_configured_from_its_spec_and_option(
     from lrft.backends.rollout import vllm
 
     monkeypatch.setattr(vllm, "VLLMRolloutEngine", CapturedVLLM)
-    monkeypatch.setattr("lrft.config.checks.vllm_available", lambda: True)
+    monkeypatch.setattr("lrft.extras.vllm_available", lambda: True)
     config = TrainConfig(
         engine_type="vllm",
         engine_tp_size=2,

@@ -8,7 +8,31 @@ class LrftError(Exception):
 
 
 class ConfigError(LrftError, ValueError):
-    """A configuration value breaks a rule; the message names the value and the rule."""
+    """A configuration breaks one rule or several; each problem names the value and the rule.
+
+    ``ConfigError(problem)`` is one problem, and its message is that problem;
+    ``ConfigError(first, second, ...)`` lists them all in one message, so that a command line
+    with several faults is fixed in one round (:class:`lrft.config.problems.Problems` gathers
+    them). ``problems`` holds each one's text.
+    """
+
+    def __init__(self, *problems: str) -> None:
+        if not problems:
+            raise TypeError("ConfigError needs at least one problem")
+        self.problems: tuple[str, ...] = tuple(str(problem) for problem in problems)
+        super().__init__(problems_message(self.problems))
+
+    def __reduce__(self) -> tuple[type[ConfigError], tuple[str, ...]]:
+        # rebuilt with each problem (an error crossing processes keeps its list)
+        return (type(self), self.problems)
+
+
+def problems_message(problems: tuple[str, ...]) -> str:
+    """One problem as it is; several as a numbered list under a line that counts them."""
+    if len(problems) == 1:
+        return problems[0]
+    listed = "\n".join(f"  {number}. {problem}" for number, problem in enumerate(problems, 1))
+    return f"{len(problems)} problems, each to fix before the run can start:\n{listed}"
 
 
 class CapabilityNotSupported(LrftError):

@@ -31,6 +31,7 @@ from lrft.cli.launch import SuggestingParser, single_process_env
 from lrft.cli.lightrft import translate
 from lrft.cli.train_rm import add_train_rm_parser, train_rm_main
 from lrft.config import TrainConfig
+from lrft.config.problems import gathering
 from lrft.config.validators import plugin_modules
 from lrft.demos import DEMO_CRITIC_SETTINGS, DEMO_LORA_SETTINGS, DEMO_SETTINGS
 from lrft.demos.vision.settings import VISION_DEMO_SETTINGS
@@ -170,12 +171,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def checked_config(argv: Sequence[str], world_size: int) -> TrainConfig:
+    """The config of ``lrft train ...``, checked whole before any process group starts: its
+    flags, its fields and the rules across them, the world size, the optional packages it
+    needs, and the model folders, data files and templates it names. Raises one
+    ``ConfigError`` listing every problem found."""
+    from lrft.trainer.preflight import check_before_start
+
+    with gathering() as problems:
+        config = config_from_args(argv)
+        problems.check(config.validate_world, world_size)
+        if config.pretrain is not None:
+            # else the demo or a preset fills it in, and the trainer checks it then
+            problems.check(check_before_start, config)
+    problems.raise_any()
+    return config
+
+
 def _train_main(argv: list[str]) -> int:
     rank = os.environ.get("RANK", "0")
     try:
-        config = config_from_args(argv)
-        config.validate_world(world_size_from_env())
-        config.validate_inputs()
+        config = checked_config(argv, world_size_from_env())
     except ConfigError as error:
         _fail(f"lrft: configuration error: {error}")
         return EXIT_CONFIG_ERROR

@@ -18,6 +18,7 @@ import attrs
 
 from lrft.api.errors import ConfigError
 from lrft.cli.launch import did_you_mean
+from lrft.config.problems import active as active_problems
 
 
 @attrs.frozen(kw_only=True)
@@ -155,9 +156,10 @@ def translate(
     """``argv`` with LightRFT's switches in their lrft spelling (:data:`ALIASES`).
 
     ``switches`` and ``valued`` name lrft's own flags (switches also take ``--no-NAME``);
-    ``known_engines`` the registered rollout engines. Raises ``ConfigError`` with one line that
-    names every LightRFT flag lrft reads otherwise (with its hint), every value given to a
-    switch (never shown), and every unknown flag (its value never shown).
+    ``known_engines`` the registered rollout engines. Raises ``ConfigError`` naming every
+    LightRFT flag lrft reads otherwise (with its hint), every value given to a switch (never
+    shown), and every unknown flag (its value never shown); inside
+    :func:`lrft.config.problems.gathering` it reports them there and returns the other flags.
     """
     out: list[str] = []
     problems: list[str] = []
@@ -178,6 +180,8 @@ def translate(
                 index += 1  # the value, dropped unseen
             hint = SWITCH_HINTS.get(name, "give the switch alone, or --no-" + name)
             problems.append(f"--{name} is a switch and takes no value {_NOT_SHOWN}: {hint}")
+            # the switch is kept, so that the rest is checked as it will run once fixed
+            out.extend(ALIASES[name].argv if name in ALIASES else [f"--{name}"])
             continue
         if name in ALIASES:
             out.extend(ALIASES[name].argv)
@@ -189,7 +193,10 @@ def translate(
         if name in valued or is_switch or name in ("config", "help"):
             value_hint = _value_hint(name, token, following, known_engines)
             if value_hint is not None:
+                # left out with its value: no later check reads (or shows) a value refused here
                 problems.append(value_hint)
+                index += _skip_value(token, following)
+                continue
             out.append(token)
             continue
         unknown.append(f"--{name}")
@@ -205,7 +212,11 @@ def translate(
             "shown; `lrft train --help` lists every flag)"
         )
     if problems:
-        raise ConfigError("; ".join(problems))
+        error = ConfigError(*problems)
+        gatherer = active_problems()
+        if gatherer is None:
+            raise error
+        gatherer.add(error)  # the flags left out, the rest is checked too
     return out
 
 

@@ -1,8 +1,7 @@
 """The rules of :class:`lrft.config.TrainConfig` that span several fields.
 
-``TrainConfig`` runs them at construction, in the order of its ``__attrs_post_init__`` (which
-decides the error a config with several faults reports); :func:`validate_world` runs once the
-number of ranks is known. Each error names the values and the rule. They read the fields only
+``TrainConfig`` runs them all at construction and reports every problem they find together
+(:mod:`lrft.config.problems`); :func:`validate_world` runs once the number of ranks is known. Each error names the values and the rule. They read the fields only
 (:class:`lrft.config.fields.TrainFields`); the one rule on a derived value, the policy
 loss's, is given that value.
 """
@@ -21,14 +20,6 @@ from lrft.backends import registry
 from lrft.config import long_sequences
 from lrft.config.fields import TrainFields
 from lrft.config.split_checks import validate_split_world
-from lrft.extras import (
-    LORA_EXTRA,
-    VLLM_EXTRA,
-    WANDB_EXTRA,
-    installed,
-    vllm_available,
-    wandb_available,
-)
 from lrft.redaction import redact
 from lrft.rewards.retry import retry_backoff_s
 
@@ -341,11 +332,8 @@ def check_policy_loss(config: TrainFields, loss_config: PolicyLossConfig) -> Non
 
 
 def check_observability_settings(config: TrainFields) -> None:
-    """W&B is installed when on, and neither W&B nor trajectory settings are set while off."""
-    if config.use_wandb and not wandb_available():
-        raise ConfigError(
-            f"use_wandb needs the wandb package, which is not installed: {WANDB_EXTRA}"
-        )
+    """Neither W&B nor trajectory settings are set while they are off (whether W&B is
+    installed: :mod:`lrft.config.packages`)."""
     if not config.use_wandb:
         for name in WANDB_SETTINGS:
             if getattr(config, name) is not None:
@@ -361,7 +349,7 @@ def check_observability_settings(config: TrainFields) -> None:
 
 
 def check_engine_settings(config: TrainFields) -> None:
-    """The engine can run at ``engine_tp_size``, is installed, and reads ``hf_decode`` and
+    """The engine can run at ``engine_tp_size`` and reads ``hf_decode`` and
     ``engine_mem_util``: the facts its registry entry declares (an engine that declares none,
     an entry point's, has its TP size checked once built, against its capabilities)."""
     facts = registry.engine_facts(config.engine_type) or registry.EngineFacts()
@@ -371,10 +359,6 @@ def check_engine_settings(config: TrainFields) -> None:
         raise ConfigError(
             f"engine_tp_size {tp} exceeds engine {config.engine_type!r}'s maximum "
             f"tensor-parallel size {facts.max_tp} (--engine_type {spanning} spans a TP group)"
-        )
-    if config.engine_type == "vllm" and not vllm_available():
-        raise ConfigError(
-            f"engine_type 'vllm' needs the vllm package, which is not installed: {VLLM_EXTRA}"
         )
     if config.hf_decode != "auto" and not facts.decode_paths:
         raise ConfigError(
@@ -433,7 +417,8 @@ LORA_SETTINGS = ("lora_alpha", "lora_dropout", "target_modules")
 
 
 def check_lora_settings(config: TrainFields) -> None:
-    """Adapter settings need adapters (``lora_rank``), and adapters need peft."""
+    """Adapter settings need adapters (``lora_rank``); whether peft is installed:
+    :mod:`lrft.config.packages`."""
     if config.lora_rank == 0:
         for name in LORA_SETTINGS:
             if getattr(config, name) != _default(config, name):
@@ -442,8 +427,3 @@ def check_lora_settings(config: TrainFields) -> None:
                     "0 (the whole model is trained): set lora_rank"
                 )
         return
-    if not installed("peft"):
-        raise ConfigError(
-            f"lora_rank {config.lora_rank} needs the peft package, which is not installed: "
-            f"{LORA_EXTRA}"
-        )

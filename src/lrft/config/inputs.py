@@ -3,7 +3,7 @@ prompt and DeepSpeed files, and the environment variables that hold reward-servi
 
 :meth:`TrainConfig.validate_inputs` runs them; ``lrft train`` calls it on every rank before any
 process group starts (and ``build_trainer`` again, after a preset or the demo filled in its
-paths), so a wrong path is one ``ConfigError`` line naming the flag, the path and what is
+paths), so every wrong path is reported at once, each naming the flag, the path and what is
 missing, instead of a transformers traceback from inside a started job.
 """
 
@@ -17,6 +17,7 @@ from pathlib import Path
 from lrft.api.errors import ConfigError
 from lrft.config.fields import TrainFields
 from lrft.config.knobs import prompt_sources
+from lrft.config.problems import Problems, reporting
 
 MODEL_CONFIG = "config.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -136,23 +137,36 @@ def check_auth_variables(config: TrainFields) -> None:
 
 def validate_inputs(config: TrainFields) -> None:
     """See :meth:`lrft.config.TrainConfig.validate_inputs`."""
-    if config.pretrain is not None:
-        check_model_folder("pretrain", config.pretrain, tokenizer=True)
-    for path in config.reward_pretrain:
-        check_model_folder("reward_pretrain", path, tokenizer=True)
-    for path in config.grm_pretrain:
-        check_model_folder("grm_pretrain", path, tokenizer=True)
-    if config.critic_pretrain is not None:
-        # The critic is scored on the actor's tokens: it needs no tokenizer of its own.
-        check_model_folder("critic_pretrain", config.critic_pretrain, tokenizer=False)
+    with reporting() as problems:
+        check_inputs(config, problems)
+
+
+def check_inputs(config: TrainFields, problems: Problems) -> bool:
+    """Report each missing or malformed input of ``config`` to ``problems``, every one of them;
+    True when every model folder is one (the checks that load a model may then run)."""
+    models = [("pretrain", config.pretrain, True)]
+    models += [("reward_pretrain", path, True) for path in config.reward_pretrain]
+    models += [("grm_pretrain", path, True) for path in config.grm_pretrain]
+    # The critic is scored on the actor's tokens: it needs no tokenizer of its own.
+    models.append(("critic_pretrain", config.critic_pretrain, False))
+    models_ok = True
+    for flag, path, tokenizer in models:
+        if path is not None:
+            models_ok &= problems.check(check_model_folder, flag, path, tokenizer=tokenizer)
     # each of LightRFT's comma-separated sources, named alone when it is missing
     for source in prompt_sources(config.prompt_data):
-        _check_exists("prompt_data", source, _DATA)
-    _check_exists("eval_dataset", config.eval_dataset, _DATA)
-    _check_exists("deepspeed_config", config.deepspeed_config, "a DeepSpeed JSON file")
-    _check_exists("reward_recipes", config.reward_recipes, "a JSON or YAML file of recipes")
-    check_auth_variables(config)
-    _check_media_model(config)
+        problems.check(_check_exists, "prompt_data", source, _DATA)
+    problems.check(_check_exists, "eval_dataset", config.eval_dataset, _DATA)
+    problems.check(
+        _check_exists, "deepspeed_config", config.deepspeed_config, "a DeepSpeed JSON file"
+    )
+    problems.check(
+        _check_exists, "reward_recipes", config.reward_recipes, "a JSON or YAML file of recipes"
+    )
+    problems.check(check_auth_variables, config)
+    if models_ok:
+        problems.check(_check_media_model, config)
+    return models_ok
 
 
 def _check_media_model(config: TrainFields) -> None:

@@ -16,6 +16,7 @@ import torch
 
 from lrft.api.errors import ConfigError
 from lrft.config.fields import TrainFields
+from lrft.config.problems import reporting
 
 DEFAULT_KL_HORIZON = 10_000
 """The adaptive KL controller's horizon in samples when ``kl_horizon`` is unset (LightRFT's)."""
@@ -34,13 +35,19 @@ def prompt_sources(prompt_data: str | None) -> tuple[str, ...]:
 
 
 def check_knob_settings(config: TrainFields) -> None:
-    """See the module docstring; the order decides which of several faults is reported."""
-    _check_schedule(config)
-    _check_checkpoint_path(config)
-    _check_kl_control(config)
-    _check_data(config)
-    _check_attention(config)
-    _check_train_backend(config)
+    """See the module docstring; every rule is checked, and what they find reported together."""
+    with reporting() as problems:
+        problems.check_each(
+            (
+                _check_schedule,
+                _check_checkpoint_path,
+                _check_kl_control,
+                _check_data,
+                _check_attention,
+                _check_train_backend,
+            ),
+            config,
+        )
 
 
 def _check_schedule(config: TrainFields) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import attrs
@@ -33,8 +33,18 @@ from lrft.api.episodes import EpisodeBudget
 from lrft.api.errors import ConfigError
 from lrft.api.optim import OptimizerConfig, ScheduleKind, SchedulerConfig
 from lrft.backends.train.lora import LoraSettings
-from lrft.config import checks, episodes, inputs, knobs, long_sequences, media_checks, split_checks
+from lrft.config import (
+    checks,
+    episodes,
+    inputs,
+    knobs,
+    long_sequences,
+    media_checks,
+    packages,
+    split_checks,
+)
 from lrft.config.fields import TrainFields
+from lrft.config.problems import gathered_validators, reporting
 
 DEFAULT_GAMMA = 1.0
 DEFAULT_LAMBD = 0.95
@@ -54,26 +64,40 @@ CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 """vLLM's CPU KV-cache size in GiB; when set, vLLM 0.32 never reads ``gpu_memory_utilization``."""
 
 
-@attrs.frozen(kw_only=True)
+CONFIG_CHECKS: tuple[Callable[[TrainFields], None], ...] = (
+    checks.check_run_settings,
+    checks.check_reward_settings,
+    checks.check_training_settings,
+    checks.check_estimator_settings,
+    checks.check_algorithm_settings,
+    checks.check_observability_settings,
+    checks.check_engine_settings,
+    checks.check_lora_settings,
+    knobs.check_knob_settings,
+    episodes.check_episode_settings,
+    media_checks.check_media_settings,
+    split_checks.check_split_settings,
+    long_sequences.check_long_sequence_settings,
+    packages.check_packages,
+)
+"""The rules across fields, each run whatever the others find (see :mod:`lrft.config.problems`)."""
+
+
+@attrs.frozen(kw_only=True, field_transformer=gathered_validators)
 class TrainConfig(TrainFields):
-    """Everything ``lrft train`` does; see ``lrft train --help`` for each field's meaning."""
+    """Everything ``lrft train`` does; see ``lrft train --help`` for each field's meaning.
+
+    Construction checks the fields, then every rule across them, and raises one
+    ``ConfigError`` listing each problem of those rules; inside :func:`lrft.config.problems.gathering`
+    it reports its fields' problems too, and raises nothing."""
 
     def __attrs_post_init__(self) -> None:
-        # The order decides which error a config with several faults reports.
-        checks.check_run_settings(self)
-        checks.check_reward_settings(self)
-        checks.check_training_settings(self)
-        checks.check_estimator_settings(self)
-        checks.check_algorithm_settings(self)
+        with reporting() as problems:
+            problems.check_each(CONFIG_CHECKS, self)
+            problems.check(self._check_policy_loss)
+
+    def _check_policy_loss(self) -> None:
         checks.check_policy_loss(self, self.policy_loss_config())
-        checks.check_observability_settings(self)
-        checks.check_engine_settings(self)
-        checks.check_lora_settings(self)
-        knobs.check_knob_settings(self)
-        episodes.check_episode_settings(self)
-        media_checks.check_media_settings(self)
-        split_checks.check_split_settings(self)
-        long_sequences.check_long_sequence_settings(self)
 
     def validate_world(self, world_size: int) -> None:
         """The rules that depend on the number of ranks; raises ``ConfigError`` naming each."""

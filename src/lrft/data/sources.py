@@ -90,6 +90,37 @@ def read_rows(path: str | os.PathLike[str], *, split: str | None = None) -> RowS
     )
 
 
+def check_split(path: str | os.PathLike[str], split: str | None) -> None:
+    """The ``split`` of an existing prompt source exists, read from its metadata alone (no rows
+    loaded): what :func:`read_rows` would refuse, before any process group starts."""
+    source = Path(path)
+    if not source.exists():
+        return  # named missing by the inputs' checks
+    if not source.is_dir():
+        if split is not None:
+            raise ConfigError(
+                f"split={split!r} applies only to a DatasetDict folder, not to {str(path)!r}"
+            )
+        return
+    listing = source / "dataset_dict.json"
+    if not listing.is_file():
+        if split is not None and (source / "state.json").is_file():
+            raise ConfigError(
+                f"split={split!r} applies only to a DatasetDict folder; {str(path)!r} holds a "
+                "single Dataset"
+            )
+        return
+    try:
+        splits = sorted(str(name) for name in json.loads(listing.read_text())["splits"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # unreadable metadata: datasets' own loader reports it
+    chosen = "train" if split is None else split
+    if chosen not in splits:
+        raise ConfigError(
+            f"split {chosen!r} is not in {str(path)!r}; its splits are {', '.join(splits)}"
+        )
+
+
 def _row(values: object, index: int, where: str, source: Path) -> SourceRow:
     if not isinstance(values, Mapping) or not all(isinstance(key, str) for key in values):
         raise PromptDataError(

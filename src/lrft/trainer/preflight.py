@@ -9,7 +9,10 @@ from transformers import AutoConfig, AutoTokenizer
 from lrft.api.errors import ConfigError
 from lrft.backends.train.lora import check_lora_model
 from lrft.config import TrainConfig
+from lrft.config.inputs import check_inputs
+from lrft.config.problems import Problems, reporting
 from lrft.data.formatting import check_system_role
+from lrft.data.sources import check_split
 from lrft.models.packed_attention import check_packing_support
 from lrft.run import checkpoint as ckpt
 from lrft.run.resume import check_resume_settings, checkpoint_to_resume
@@ -18,14 +21,39 @@ from lrft.trainer.rewards import check_reward_settings
 
 
 def check_before_start(config: TrainConfig) -> None:
-    """Every check of a complete config (its model and prompts named) that reads this machine."""
-    config.validate_inputs()
-    _check_resume(config)
-    check_reward_settings(config)
-    _check_system_prompt(config)
-    _check_lora(config)
-    _check_environment(config)
-    _check_packing(config)
+    """Every check of a complete config (its model and prompts named) that reads this machine,
+    each run whatever the others find; their problems are raised together (or reported to the
+    active gatherer, :mod:`lrft.config.problems`). The checks that load a model run only once
+    every model folder was found to be one: a missing folder's name would otherwise be taken
+    for a Hub id."""
+    with reporting() as problems:
+        models_ok = check_inputs(config, problems)
+        problems.check(_check_resume, config)
+        problems.check(check_reward_settings, config)
+        _check_splits(config, problems)
+        if models_ok:
+            problems.check_each(
+                (_check_system_prompt, _check_lora, _check_environment, _check_packing), config
+            )
+
+
+def _check_splits(config: TrainConfig, problems: Problems) -> None:
+    """The splits training and evaluation read exist in their sources."""
+    for source in config.prompt_sources:
+        problems.check(_check_split, "prompt_split", source, config.prompt_split)
+    if config.eval_dataset is not None:
+        problems.check(_check_split, "eval_split", config.eval_dataset, config.eval_split)
+    elif config.eval_split is not None and config.prompt_sources:
+        problems.check(_check_split, "eval_split", config.prompt_sources[0], config.eval_split)
+
+
+def _check_split(flag: str, source: str, split: str | None) -> None:
+    try:
+        check_split(source, split)
+    except ConfigError as error:
+        named = f"--{flag} {split!r}" if split is not None else f"--prompt_data {source!r}"
+        hint = "" if split is not None else " (--prompt_split picks another)"
+        raise ConfigError(f"{named}: {error}{hint}") from error
 
 
 def _check_resume(config: TrainConfig) -> None:

@@ -16,7 +16,6 @@ one model at a time while it scores). A sharded model's forward is collective, s
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -26,13 +25,11 @@ import attrs
 import torch
 import torch.distributed as dist
 
-from lrft import extras
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel, TrainBackend
 from lrft.api.types import ModelPart
 from lrft.config import TrainConfig
 from lrft.data import PromptDataset
-from lrft.extras import REWARDS_EXTRA
 from lrft.models.packed_attention import use_packed_attention
 from lrft.rewards import (
     CombinedReward,
@@ -77,16 +74,9 @@ def load_reward(spec: str, reference_key: str | None) -> RewardFn:
 def check_reward_settings(config: TrainConfig) -> None:
     """What can be checked of the reward models and services before any process group starts:
     each ``reward_pretrain`` is a sequence-classification folder with one label, each
-    ``grm_pretrain`` a model folder that generates, the recipes file is well formed, and the
-    packages the rewards need are installed (math-verify for ``reward_fn`` ``math``, httpx for
-    ``remote_rm_url``). Raises ``ConfigError`` naming the path or the package."""
-    if config.reward_fn == "math" and not extras.math_verify_available():
-        # Checked here: the verifier is imported only by its worker process, at the first
-        # scoring, long after the ranks have started and loaded their models.
-        raise ConfigError(
-            f"--reward_fn math needs the math-verify package, which is not installed: "
-            f"{REWARDS_EXTRA}"
-        )
+    ``grm_pretrain`` a model folder that generates, and the recipes file is well formed (the
+    packages the rewards need: :mod:`lrft.config.packages`). Raises ``ConfigError`` naming the
+    path."""
     for path in config.reward_pretrain:
         config_file = Path(path) / "config.json"
         if not config_file.is_file():
@@ -103,8 +93,6 @@ def check_reward_settings(config: TrainConfig) -> None:
         check_judge_folder(path)
     if config.reward_recipes is not None:
         read_recipes(config.reward_recipes)
-    if config.remote_rm_url and importlib.util.find_spec("httpx") is None:
-        raise ConfigError(f"remote_rm_url needs the httpx package: {REWARDS_EXTRA}")
 
 
 SCORE_HEAD_RULE = (

@@ -30,7 +30,7 @@ def audio_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_audio_settings_need_what_they_act_on(
     tmp_path: Path, audio_lm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("lrft.config.checks.vllm_available", lambda: True)
+    monkeypatch.setattr("lrft.extras.vllm_available", lambda: True)
     with pytest.raises(ConfigError, match="engine_type 'vllm': only the hf engine generates"):
         config_from_args([*MODEL, "--audios_key=a", "--apply_chat_template", "--engine_type=vllm"])
     with pytest.raises(ConfigError, match="freeze_audio_tower with lora_rank 8: LoRA keeps"):

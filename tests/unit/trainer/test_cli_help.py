@@ -12,6 +12,7 @@ from lrft.cli import config_from_args, main
 from lrft.cli.flags import FLAGS, Flag, FlagGroup
 from lrft.config import TrainConfig
 from lrft.extras import tensorboard_available
+from tests.unit.trainer.config_errors import config_problems
 
 MODEL = ["train", "--pretrain=m", "--prompt_data=p.jsonl", "--reward_fn=math"]
 MODEL_FLAGS = {"pretrain", "prompt_data", "reward_fn"}
@@ -135,14 +136,12 @@ def test_each_shown_default_is_what_the_config_takes_without_the_flag(
         (["--collective_timeout_s", "-5e0"], "collective_timeout_s must be > 0, got -5.0"),
     ],
 )
-def test_a_negative_or_zero_value_is_refused_by_the_config_in_one_line(
+def test_a_negative_or_zero_value_is_refused_by_the_config_in_one_message(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main([*MODEL, *argv]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1, err
-    assert err.startswith("lrft: configuration error: ")
-    assert message in err
+    assert any(message in problem for problem in config_problems(err)), err
 
 
 def test_negative_numbers_that_make_sense_parse_as_values() -> None:

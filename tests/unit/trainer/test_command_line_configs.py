@@ -133,8 +133,8 @@ LINES: dict[str, tuple[list[str], dict[str, object]]] = {
 @pytest.fixture(autouse=True)
 def _optional_packages(monkeypatch: pytest.MonkeyPatch) -> None:
     # these lines check settings, not installed packages
-    monkeypatch.setattr("lrft.config.checks.vllm_available", lambda: True)
-    monkeypatch.setattr("lrft.config.checks.wandb_available", lambda: True)
+    monkeypatch.setattr("lrft.extras.vllm_available", lambda: True)
+    monkeypatch.setattr("lrft.extras.wandb_available", lambda: True)
 
 
 def test_the_migrated_gsm8k_line_of_the_docs_parses_to_its_settings() -> None:

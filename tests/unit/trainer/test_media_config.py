@@ -45,7 +45,7 @@ def test_the_vision_demo_refuses_a_model_of_the_users(tmp_path: Path) -> None:
 def test_media_settings_need_what_they_act_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("lrft.config.checks.vllm_available", lambda: True)
+    monkeypatch.setattr("lrft.extras.vllm_available", lambda: True)
     with pytest.raises(ConfigError, match="images_key 'images' needs apply_chat_template"):
         config_from_args([*MODEL, "--images_key=images"])
     with pytest.raises(ConfigError, match="limit_mm_image_per_prompt 2 needs images_key"):

@@ -141,8 +141,9 @@ def test_a_system_prompt_the_chat_template_refuses_stops_the_cli_before_any_proc
         f"--save_path={tmp_path / 'out'}",
     ]
     assert main(argv) == 2
+    assert not (tmp_path / "out").exists()  # refused before the outputs were claimed
     assert capsys.readouterr().err.splitlines() == [
-        "lrft: rank 0: configuration error: --system_prompt is set, but the model's chat "
+        "lrft: configuration error: --system_prompt is set, but the model's chat "
         "template cannot take a system message: it raised TemplateError: the demo model knows "
         "only user messages, got system; drop --system_prompt, or write the instructions into "
         "--input_template instead"

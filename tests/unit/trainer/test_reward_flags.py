@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 
 from lrft import extras
@@ -95,26 +94,27 @@ def test_a_reward_service_without_httpx_is_refused_with_the_install(
         "find_spec",
         lambda name, *a, **k: None if name == "httpx" else real(name, *a, **k),
     )
-    config = TrainConfig(pretrain="m", prompt_data="p", remote_rm_url="http://127.0.0.1:9/x")
-    with pytest.raises(ConfigError, match=r"remote_rm_url needs the httpx package: pip install"):
-        check_reward_settings(config)
+    with pytest.raises(
+        ConfigError, match=r"^remote_rm_url needs the httpx package, which is not installed: pip"
+    ):
+        TrainConfig(pretrain="m", prompt_data="p", remote_rm_url="http://127.0.0.1:9/x")
 
 
 def test_the_math_reward_without_math_verify_is_refused_with_the_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    config = TrainConfig(pretrain="m", prompt_data="p", reward_fn="math", reference_key="answer")
+    settings: dict[str, Any] = {"pretrain": "m", "prompt_data": "p", "reference_key": "answer"}
     monkeypatch.setattr(extras, "math_verify_available", lambda: True)
-    check_reward_settings(config)
+    TrainConfig(**settings, reward_fn="math")
     monkeypatch.setattr(extras, "math_verify_available", lambda: False)
     with pytest.raises(ConfigError) as raised:
-        check_reward_settings(config)
+        TrainConfig(**settings, reward_fn="math")
     assert str(raised.value) == (
         "--reward_fn math needs the math-verify package, which is not installed: "
         "pip install 'lrft[rewards]'"
     )
     # a reward of the user's own needs no verifier
-    check_reward_settings(attrs.evolve(config, reward_fn="lrft.demos:exact_answer"))
+    TrainConfig(**settings, reward_fn="lrft.demos:exact_answer")
 
 
 def test_the_math_verify_probe_asks_the_import_system(monkeypatch: pytest.MonkeyPatch) -> None:

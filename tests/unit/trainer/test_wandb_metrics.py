@@ -144,7 +144,7 @@ def test_run_ids_look_like_wandb_ids() -> None:
 def test_missing_wandb_is_refused_before_starting(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("lrft.config.checks.wandb_available", lambda: False)
+    monkeypatch.setattr("lrft.extras.wandb_available", lambda: False)
     with pytest.raises(ConfigError, match=r"use_wandb needs the wandb package.*lrft\[wandb\]"):
         TrainConfig(use_wandb=True)
     assert main([*MODEL, "--use_wandb"]) == 2
