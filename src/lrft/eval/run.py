@@ -30,6 +30,7 @@ from lrft.api.types import GenerationResult
 from lrft.backends.registry import import_plugins
 from lrft.backends.sync.direct import DirectSync
 from lrft.config import TrainConfig
+from lrft.config.problems import reporting
 from lrft.data import PromptSample, eval_indices
 from lrft.dist import RankInfo, all_gather_objects, init_distributed
 from lrft.eval.metrics import PromptResult, by_label, summarize, table
@@ -74,8 +75,14 @@ class EvalSettings:
     output: str | None = None
 
     def __attrs_post_init__(self) -> None:
+        with reporting() as problems:  # every rule, reported together
+            problems.check_each((self._check_work, self._check_ks))
+
+    def _check_work(self) -> None:
         if not self.greedy and self.n_samples == 0:
             raise ConfigError("nothing to evaluate: --no-greedy needs --n_samples N > 0")
+
+    def _check_ks(self) -> None:
         bad = [k for k in self.ks if k < 1 or (self.n_samples and k > self.n_samples)]
         if bad:
             raise ConfigError(

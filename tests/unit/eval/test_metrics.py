@@ -105,6 +105,15 @@ def test_settings_that_cannot_be_evaluated_are_refused(
         EvalSettings(model="m", dataset="d", **changes)  # type: ignore[arg-type]
 
 
+def test_every_rule_the_settings_break_is_reported_at_once() -> None:
+    with pytest.raises(ConfigError) as refused:
+        EvalSettings(model="m", dataset="d", greedy=False, ks=(1, 2))
+    assert refused.value.problems == (
+        "nothing to evaluate: --no-greedy needs --n_samples N > 0",
+        "pass_k needs --n_samples N (pass@k is over sampled responses)",
+    )
+
+
 def test_a_model_is_a_folder_or_a_checkpoint(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"neither a Hugging Face folder .* nor an lrft"):
         resolve_model(str(tmp_path))
