@@ -62,9 +62,7 @@ def test_the_builder_picks_the_mode_the_config_names(flags: list[str], mode: typ
 def test_rollout_seeds_are_shared_by_a_tp_group_and_distinct_across_steps_and_rounds() -> None:
     seeds = [RolloutSeeds(seed=7, rank=rank, tp_size=2) for rank in range(4)]
     # (seed * 1_000_003 + step) * 4096 + the TP group's first rank, by hand for step 5
-    assert [s(5) for s in seeds] == [
-        (7 * 1_000_003 + 5) * 4096 + leader for leader in (0, 0, 2, 2)
-    ]
+    assert [s(5) for s in seeds] == [(7 * 1_000_003 + 5) * 4096 + leader for leader in (0, 0, 2, 2)]
     first = seeds[0](5)
     assert seeds[0](5, round_index=1) == continuation_seed(first + (1 << 62))
     drawn = {s(step, r) for s in seeds for step in range(3) for r in range(3)}
