@@ -25,6 +25,7 @@ from lrft.config import (
 from lrft.config.validators import ATTENTION_KERNELS, LR_SCHEDULERS
 from lrft.demos import DEMO_CRITIC_SETTINGS, DEMO_LORA_SETTINGS, DEMO_SETTINGS
 from lrft.demos.vision.settings import VISION_DEMO_SETTINGS
+from lrft.distill.protocols import TEACHER_PROTOCOLS
 from lrft.rewards.judge_template import JUDGE_TEMPLATES
 from lrft.rewards.remote_protocols import PROTOCOLS
 
@@ -43,6 +44,7 @@ class FlagGroup(enum.Enum):
     LORA = "LoRA (adapters on the actor; pip install 'lrft[lora]')"
     BACKEND = "train backend (FSDP2, DeepSpeed) and collectives"
     OUTPUT = "outputs, checkpoints, evaluation and logging"
+    DISTILLATION = "on-policy distillation (a teacher) and process rewards"
 
 
 @attrs.frozen(kw_only=True)
@@ -958,6 +960,80 @@ FLAGS: tuple[Flag, ...] = (
         choices=lambda: tuple(registry.entries("sync")),
         help="the weight sync by registered name: direct, or one an installed package registers "
         "(entry-point group lrft.weight_syncs)",
+    ),
+    # on-policy distillation and process rewards (lrft.algo.distillation, lrft.trainer.teacher,
+    # lrft.trainer.process_rewards)
+    Flag(
+        name="teacher_pretrain",
+        group=FlagGroup.DISTILLATION,
+        kind=str,
+        help="the teacher of --advantage_estimator on_policy_distillation(_hybrid): a model folder "
+        "sharing the student's tokenizer, scored in process, placed and slept like the reference",
+    ),
+    Flag(
+        name="teacher_url",
+        group=FlagGroup.DISTILLATION,
+        kind=str,
+        help="a teacher service instead: per-token logprobs for given token ids (LightRFT passes "
+        "its SGLang teacher as --remote_rm_url; here: --teacher_url URL --teacher_protocol sglang)",
+    ),
+    Flag(
+        name="teacher_protocol",
+        group=FlagGroup.DISTILLATION,
+        kind=str,
+        choices=tuple(TEACHER_PROTOCOLS),
+        help="the teacher service's format: lrft's, or SGLang's /generate (needs --teacher_url)",
+    ),
+    Flag(
+        name="teacher_auth_env",
+        group=FlagGroup.DISTILLATION,
+        kind=str,
+        metavar="VARIABLE",
+        help="an environment variable whose value goes to the teacher service as 'Authorization: "
+        "Bearer <value>' (needs --teacher_url)",
+    ),
+    Flag(
+        name="teacher_timeout_s",
+        group=FlagGroup.DISTILLATION,
+        kind=float,
+        help="seconds each teacher request may take (needs --teacher_url)",
+    ),
+    Flag(
+        name="teacher_max_attempts",
+        group=FlagGroup.DISTILLATION,
+        kind=int,
+        help="tries per request when the teacher service times out or answers 408, 429 or 5xx "
+        "(needs --teacher_url)",
+    ),
+    Flag(
+        name="opd_kl_coef",
+        group=FlagGroup.DISTILLATION,
+        kind=float,
+        help="the weight of the distillation advantage -coef * clamp(log p_student - log "
+        "p_teacher, +-20) (unset: 1; the distillation estimators only)",
+    ),
+    Flag(
+        name="no_task_reward",
+        group=FlagGroup.DISTILLATION,
+        kind=bool,
+        help="score no training sample with the task reward (on_policy_distillation learns from "
+        "the teacher alone); evaluation still uses the reward when one is given",
+    ),
+    Flag(
+        name="prm_pretrain",
+        group=FlagGroup.DISTILLATION,
+        kind=str,
+        help="a process reward model (token-classification or scalar-head folder sharing the "
+        "student's tokenizer): its score at each step's end is a token reward there, added to "
+        "the outcome reward (lrft train-rm --step_separator trains one)",
+    ),
+    Flag(
+        name="prm_step_separator",
+        group=FlagGroup.DISTILLATION,
+        kind=str,
+        metavar="TEXT",
+        help="the text that ends each reasoning step ($'\\n\\n' in bash); the last step ends "
+        "with the response (needs --prm_pretrain)",
     ),
     Flag(
         name="plugins",

@@ -253,6 +253,37 @@ class TrainFields:
     target_modules: tuple[str, ...] = attrs.field(default=("all-linear",), converter=f.module_names)
     """The modules given adapters: names (or name suffixes) of linear modules, or
     ``all-linear`` (every linear module but the output head)."""
+    # on-policy distillation and process rewards ---------------------------------------------
+    teacher_pretrain: str | None = None
+    """The teacher of on-policy distillation (``--advantage_estimator on_policy_distillation``
+    or ``_hybrid``): a causal LM folder sharing the student's tokenizer (a vision-language model
+    for a vision-language student), frozen, sharded and offloaded like the reference model."""
+    teacher_url: str | None = attrs.field(
+        default=None, validator=f.optional_http_url, repr=f.redacted_repr
+    )
+    """A teacher service instead: per-token logprobs for given token ids, in
+    ``teacher_protocol``'s format (:mod:`lrft.distill.protocols`)."""
+    teacher_protocol: str = attrs.field(default="lrft", validator=f.teacher_protocol)
+    """The teacher service's format: ``lrft``, or ``sglang`` (SGLang's ``/generate``, as
+    LightRFT's teacher server speaks it)."""
+    teacher_auth_env: str | None = None
+    """An environment variable whose value goes to the teacher service as ``Authorization:
+    Bearer <value>`` (the config holds the name only)."""
+    teacher_timeout_s: float = attrs.field(default=60.0, validator=f.positive_float)
+    teacher_max_attempts: int = attrs.field(default=3, validator=f.positive)
+    opd_kl_coef: float | None = attrs.field(default=None, validator=f.optional_positive_float)
+    """The weight of the distillation advantage ``-coef * clamp(log p_student - log p_teacher,
+    ±20)``; unset: 1 (read by the distillation estimators only)."""
+    no_task_reward: bool = False
+    """Score no training sample with the task reward (on_policy_distillation learns from the
+    teacher alone); evaluation still uses the reward when one is given."""
+    prm_pretrain: str | None = None
+    """A process reward model: a token-classification (or scalar-head) folder sharing the
+    student's tokenizer, whose score at each step's end becomes a token reward there
+    (``lrft train-rm --step_separator`` trains one)."""
+    prm_step_separator: str | None = attrs.field(default=None, validator=f.optional_text)
+    """The text that ends each reasoning step of a response (``$'\\n\\n'`` in bash); the last
+    step ends with the response (needs ``prm_pretrain``)."""
     # bookkeeping -----------------------------------------------------------------------------
     save_path: str = "./lrft_output"
     ckpt_path: str | None = None

@@ -182,6 +182,26 @@ def http_urls(_: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]
             )
 
 
+def optional_http_url(_: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    parts = urllib.parse.urlsplit(value or "")
+    if value is not None and (parts.scheme not in ("http", "https") or not parts.netloc):
+        raise ConfigError(f"{attribute.name} {redact(value)!r} must be an http:// or https:// URL")
+
+
+def teacher_protocol(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    from lrft.distill.protocols import TEACHER_PROTOCOLS
+
+    if value not in TEACHER_PROTOCOLS:
+        raise ConfigError(
+            f"{attribute.name} {value!r} is unknown; choose one of {list(TEACHER_PROTOCOLS)}"
+        )
+
+
+def optional_text(_: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and value == "":
+        raise ConfigError(f"{attribute.name} must be a non-empty text, got ''")
+
+
 # converters ---------------------------------------------------------------------------------
 
 

@@ -2,7 +2,7 @@
 
 :func:`build_trainer` checks the run's folders, settings and files before any process group
 starts, then builds, in order: the prompts, the train backend and its models (actor, reference,
-critic), the reward, the rollout stack (engine, TP group, experience maker: shared with
+a distillation teacher, critic), the reward, the rollout stack (engine, TP group, experience maker: shared with
 ``lrft eval``, :func:`rollout_stack`), the rollout of the configured mode
 (:mod:`lrft.trainer.rollout`), the phases, the updates and the run's records. The trainer only
 runs them. The Protocols' implementations come from :mod:`lrft.trainer.components`. A run with
@@ -56,6 +56,7 @@ from lrft.trainer.rollout import (
     RolloutSeeds,
     SingleTurnRollout,
 )
+from lrft.trainer.teacher import load_teacher_model, make_teacher
 from lrft.trainer.trainer import RLTrainer, TrainerParts
 
 ENGINE_SLEEP_LEVEL = 2
@@ -266,6 +267,9 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         reference = AdaptersDisabled(actor)  # the actor's own base: no second copy of it
     elif config.init_kl_coef > 0:
         reference = backend.prepare_frozen(causal_lm(config))
+    teacher_model = (
+        load_teacher_model(config, backend) if config.teacher_pretrain is not None else None
+    )
     reward = build_reward(config, backend, data_labels([train_data, eval_data]))
     critic, critic_offload = (
         build_critic(config, backend, schedule)
@@ -302,6 +306,10 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         critic=critic,
         critic_offload=critic_offload,
         watch=watch,
+        teacher=teacher_model,
+        # like the reference: out of the engine's way except during its own pass
+        offload_teacher=config.enable_engine_sleep
+        and ModelPart.PARAMETERS in backend.capabilities.offload,
     )
     sampler = DistributedPromptSampler(
         num_samples=len(train_data),
@@ -317,6 +325,7 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         sampler=sampler,
         seeds=RolloutSeeds(seed=config.seed, rank=info.rank, tp_size=config.engine_tp_size),
         n=config.n_samples_per_prompt,
+        task_reward=not config.no_task_reward,
     )
     pretrain = config.pretrain
 
@@ -353,6 +362,7 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
             watch=watch,
             export=export if config.save_hf_model else None,
             device=backend.device,
+            teacher=make_teacher(config, teacher_model, stack.maker.logprobs),
         ),
     )
 

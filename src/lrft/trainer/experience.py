@@ -312,6 +312,7 @@ class ExperienceMaker:
         values: Tensor | None = None,
         engine_logprobs: Tensor | None = None,
         token_rewards: Tensor | None = None,
+        teacher_logprobs: Tensor | None = None,
     ) -> ExperienceBatch:
         """Advantages in one normalisation stage, with DP-global whitening statistics.
 
@@ -321,7 +322,8 @@ class ExperienceMaker:
         sampling. ``token_rewards``: (B, T) rewards at the tokens that earned them (a multi-turn
         episode's turn rewards, each at its turn's last token) instead of each score at its
         response's last token; ``scores`` are then their sums, which outcome estimators (GRPO)
-        compare.
+        compare. ``teacher_logprobs``: a distillation teacher's (B, T) logprobs of the sampled
+        tokens, read with ``old_logprobs`` (the student's) by the distillation estimators.
         """
         mask = sequences.action_mask
         if token_rewards is not None:
@@ -356,6 +358,9 @@ class ExperienceMaker:
                 batch = RewardBatch.from_token_rewards(
                     penalized, mask, group_size=self.sampling.n, values=values
                 )
+        if teacher_logprobs is not None:
+            batch, distilled = _with_teacher(batch, old_logprobs, teacher_logprobs, mask)
+            metrics.update(distilled)
         advantages = compute_advantages(
             self.estimator, batch, self.advantage_params, reduce_moments=all_gather_moments
         )
@@ -373,6 +378,24 @@ class ExperienceMaker:
             returns=None if values is None else advantages.returns.float(),
             engine_logprobs=engine_logprobs,
         )
+
+
+def _with_teacher(
+    batch: RewardBatch, student: Tensor | None, teacher: Tensor, mask: Tensor
+) -> tuple[RewardBatch, dict[str, float]]:
+    """``batch`` with the student's and the teacher's logprobs, and how far apart they are:
+    ``distill/reverse_kl``, the mean over tokens of ``log p_student - log p_teacher`` (the k1
+    estimate of KL(student || teacher) on the student's samples), and the teacher's mean
+    logprob of the sampled tokens."""
+    if student is None:
+        raise ValueError("distillation needs the student's (old) logprobs of the samples")
+    tokens = mask.sum().clamp(min=1)
+    log_ratio = (student - teacher).masked_fill(~mask, 0.0)
+    metrics = {
+        "distill/reverse_kl": float(log_ratio.sum() / tokens),
+        "distill/teacher_logprob": float(teacher.masked_fill(~mask, 0.0).sum() / tokens),
+    }
+    return attrs.evolve(batch, logprobs=student, teacher_logprobs=teacher), metrics
 
 
 def reward_means(output: RewardOutput) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """The checks a training run passes before any process group starts: its settings against the
-files and models they name (a resume's checkpoint, the reward's sources, the LoRA targets, the
-environment and its tools). Each raises ``ConfigError`` naming the setting."""
+files and models they name (a resume's checkpoint, the reward's sources, a distillation teacher and
+its tokenizer, the LoRA targets, the environment and its tools). Each raises ``ConfigError`` naming the setting."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from lrft.run import checkpoint as ckpt
 from lrft.run.resume import check_resume_settings, checkpoint_to_resume
 from lrft.trainer.episodes import environment_setup
 from lrft.trainer.rewards import check_reward_settings
+from lrft.trainer.teacher import check_teacher_settings
 
 
 def check_before_start(config: TrainConfig) -> None:
@@ -19,6 +20,7 @@ def check_before_start(config: TrainConfig) -> None:
     config.validate_inputs()
     _check_resume(config)
     check_reward_settings(config)
+    check_teacher_settings(config)
     _check_lora(config)
     _check_environment(config)
 

@@ -106,7 +106,9 @@ class RolloutSeeds:
 @attrs.frozen(kw_only=True, eq=False)
 class RolloutParts:
     """What every mode reads: the phases, the experience maker (engine, reward, sampling), the
-    prompts and their sampler, the seeds, and the group size ``n``."""
+    prompts and their sampler, the seeds, and the group size ``n``. ``task_reward``: whether
+    training samples are scored by the reward (``--no_task_reward`` turns it off; evaluation
+    always scores)."""
 
     colocation: Colocation
     maker: ExperienceMaker
@@ -114,6 +116,18 @@ class RolloutParts:
     sampler: DistributedPromptSampler
     seeds: RolloutSeeds
     n: int
+    task_reward: bool = True
+
+    def rate(
+        self, prompts: Sequence[PromptSample], results: Sequence[GenerationResult]
+    ) -> RewardOutput:
+        """The reward of each training sample (``n`` per prompt), in the ``rewards`` phase: 0
+        for each when the task reward is off."""
+        if not self.task_reward:
+            return self.colocation.plain(
+                "rewards", lambda: RewardOutput(scores=[0.0] * len(results))
+            )
+        return self.colocation.plain("rewards", lambda: self.maker.rate(prompts, results, self.n))
 
     def next_prompts(self) -> Sequence[PromptSample]:
         return self.data.select(self.sampler.next_batch().indices)
@@ -149,7 +163,7 @@ class SingleTurnRollout:
         prompts = parts.next_prompts()
         params = parts.params(step)
         results = col.rollout(lambda: maker.generate(prompts, params))
-        rewards = col.plain("rewards", lambda: maker.rate(prompts, results, n))
+        rewards = parts.rate(prompts, results)
         sequences = pack(results, media=row_media(prompts, n))
         shaped = maker.shape(rewards.scores_tensor(), sequences.action_mask.sum(-1))
         return RolloutBatch(
@@ -179,12 +193,12 @@ class RefillRollout:
         self.watch = watch
 
     def _round(self, step: int, round_index: int) -> ScoredGroups:
-        parts, col, maker, n = self.parts, self.parts.colocation, self.parts.maker, self.parts.n
+        parts, col, maker = self.parts, self.parts.colocation, self.parts.maker
         prompts = parts.next_prompts()
         params = parts.params(step, round_index)
         # Level 1 at most: another round may follow, and level 2 would leave it stale weights.
         results = col.rollout(lambda: maker.generate(prompts, params), sleep_level=1)
-        rewards = col.plain("rewards", lambda: maker.rate(prompts, results, n))
+        rewards = parts.rate(prompts, results)
         lengths = torch.tensor([len(result.output_token_ids) for result in results])
         shaped = maker.shape(rewards.scores_tensor(), lengths)
         return ScoredGroups(prompts=prompts, results=results, rewards=rewards, shaped=shaped)
@@ -229,12 +243,12 @@ class EpisodeRollout:
         self.runner = runner
 
     def collect(self, step: int) -> RolloutBatch:
-        parts, col, maker, n = self.parts, self.parts.colocation, self.parts.maker, self.parts.n
+        parts, col, maker = self.parts, self.parts.colocation, self.parts.maker
         prompts = parts.next_prompts()
         params = parts.params(step)
         episodes = col.rollout(lambda: self.runner.run(prompts, params))
         results = episodes.answers
-        scored = col.plain("rewards", lambda: maker.rate(prompts, results, n))
+        scored = parts.rate(prompts, results)
         rewards = with_returns(scored, episodes)
         return RolloutBatch(
             prompts=prompts,
