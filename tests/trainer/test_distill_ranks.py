@@ -1,7 +1,9 @@
-"""On-policy distillation in the trainer on two gloo ranks, with FSDP2 and with ZeRO-3: the
-teacher is resident only during its own phase, its logprobs are a plain transformers forward's,
-the advantages are GRPO's plus ``-coef * clamp(student - teacher)`` computed by hand from the
-batch, a teacher service returns what the in-process teacher computes, and a run resumed from a
+"""On-policy distillation and process rewards in the trainer on two gloo ranks, with FSDP2 and
+with ZeRO-3: the teacher and the process reward model are resident only during their own
+phases, the teacher's logprobs are a plain transformers forward's, the advantages are GRPO's of
+the outcome plus the process reward model's step scores (a plain forward of each row alone at
+its steps' ends) plus ``-coef * clamp(student - teacher)``, computed by hand from the batch; a
+teacher service returns what the in-process teacher computes, and a run resumed from a
 checkpoint trains to the same weights as one that went straight on."""
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from lrft.trainer.logprobs import plain_response_logprobs
 from lrft.trainer.teacher import ModelTeacher, ServiceTeacher
 from lrft.trainer.trainer import RLTrainer
 from tests.trainer.fixtures import base_args, make_model_folder, make_prompt_files
+from tests.unit.rm.models import save_with_tokenizer, tiny_token_classifier
 
 COEF = 0.5
+SEPARATOR = "3"
 HYBRID = [
     "--advantage_estimator=on_policy_distillation_hybrid",
     f"--opd_kl_coef={COEF}",
@@ -45,6 +49,7 @@ def write_inputs(root: Path) -> None:
     if not (root / "teacher").exists():
         make_model_folder(root / "model")
         make_model_folder(root / "teacher", seed=5)
+        save_with_tokenizer(tiny_token_classifier(seed=9), root / "prm")
         make_prompt_files(root / "data")
 
 
@@ -98,9 +103,42 @@ class _Recorded:
         return self.answer
 
 
+def _step_scores(root: Path, sequences: Any) -> torch.Tensor:
+    """(B,): the sum of each row's step scores, by a plain transformers forward of the process
+    reward model over the row alone, read at its steps' ends."""
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    from lrft.rewards.process import step_ends
+
+    model = AutoModelForTokenClassification.from_pretrained(root / "prm", dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(root / "prm")
+    sums = []
+    for row in range(len(sequences)):
+        length = int(sequences.action_mask[row].sum())
+        response = sequences.action_tokens[row, :length].tolist()
+        ends = step_ends(
+            response,
+            SEPARATOR,
+            lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=False)),
+            set(tokenizer.all_special_ids),
+        )
+        start = int(sequences.prompt_lengths[row])
+        ids = sequences.input_ids[row, : start + length][None]
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, :, 0]
+        sums.append(float(torch.sigmoid(logits[[start + end for end in ends]]).sum()))
+    return torch.tensor(sums)
+
+
 def hybrid_iteration(root: Path, backend: list[str], url: str) -> dict[str, Any]:
     teacher_flag = f"--teacher_pretrain={root / 'teacher'}"
-    trainer = _trainer(root, [*HYBRID, teacher_flag, *backend])
+    process = [f"--prm_pretrain={root / 'prm'}", f"--prm_step_separator={SEPARATOR}"]
+    trainer = _trainer(root, [*HYBRID, teacher_flag, *process, *backend])
+    prm = trainer.rollout.parts.process  # type: ignore[attr-defined]  # the single-turn rollout's
+    prm_resident: list[Location] = []
+    prm.model.module.register_forward_pre_hook(
+        lambda *_: prm_resident.append(prm.model.placement.parameters)
+    )
     teacher = trainer.parts.teacher
     assert isinstance(teacher, ModelTeacher)
     assert trainer.parts.old_logprob_pass  # the advantage reads the student's logprobs
@@ -113,7 +151,9 @@ def hybrid_iteration(root: Path, backend: list[str], url: str) -> dict[str, Any]
     experience = trainer.buffer.select(torch.arange(len(trainer.buffer)))  # rows in order
     old, mask = experience.old_logprobs, experience.sequences.action_mask
     assert old is not None
-    grpo = torch.tensor(_grpo(experience.scores.tolist(), 4))[:, None]
+    # the outcome on the last token, the step scores at the steps' ends: GRPO compares the sums
+    totals = experience.scores + _step_scores(root, sequences)
+    grpo = torch.tensor(_grpo(totals.tolist(), 4))[:, None]
     assert grpo.abs().max() > 0.1  # the task reward (digit_fraction) varies within groups
     distill = -COEF * (old - taught[:, : mask.shape[1]]).clamp(-20, 20)
     expected = (grpo + distill).masked_fill(~mask, 0.0)
@@ -133,7 +173,7 @@ def hybrid_iteration(root: Path, backend: list[str], url: str) -> dict[str, Any]
     trainer.colocation.sync(version=trainer.step)
     trainer.train_step()
     straight = _digests(trainer)
-    resumed = _trainer(root, [*HYBRID, teacher_flag, "--load_checkpoint", *backend])
+    resumed = _trainer(root, [*HYBRID, teacher_flag, *process, "--load_checkpoint", *backend])
     assert resumed.resume()
     resumed.colocation.begin_iteration()
     resumed.colocation.sync(version=resumed.step)
@@ -142,6 +182,9 @@ def hybrid_iteration(root: Path, backend: list[str], url: str) -> dict[str, Any]
         "order": list(resumed.colocation.order),
         "placed": [placed_before, teacher.model.placement.parameters],
         "resident": sorted(set(seen.resident), key=str),
+        "prm_resident": sorted(set(prm_resident), key=str),
+        "prm_after": prm.model.placement.parameters,
+        "steps": metrics["process/steps"],
         "advantage_error": float((experience.advantages - expected).abs().max()),
         "plain_error": float((taught - plain).abs().max()),
         "served_error": float((taught - served).abs().max()),
@@ -219,11 +262,16 @@ class TestDistillationRanks(DistributedSuite):
             server.close()
         for result in results:
             order = result["order"]
+            assert order.index("rewards") < order.index("process_rewards")
+            assert order.index("process_rewards") < order.index("actor_logprobs")
             assert order.index("reference_logprobs") < order.index("teacher_logprobs")
             assert order.index("teacher_logprobs") < order.index("advantages")
             # slept like the reference: on the host but during its own forward
             assert result["placed"] == [Location.HOST, Location.HOST]
             assert result["resident"] == [Location.DEVICE]
+            assert result["prm_resident"] == [Location.DEVICE]
+            assert result["prm_after"] == Location.HOST
+            assert result["steps"] >= 1.0
             assert result["plain_error"] < 2e-5
             assert result["served_error"] < 2e-5
             assert result["advantage_error"] < 1e-5

@@ -28,7 +28,9 @@ DESCRIPTION = (
     "rejected, optional margin), exported as a one-label sequence-classification folder that "
     "lrft train --reward_pretrain loads. Generative (--generative): supervised training of a judge "
     "on (prompt, response, verdict) rows rendered with a judge template, exported as a causal-LM "
-    "folder that lrft train --grm_pretrain judges with. With no --pretrain: the built-in demo "
+    "folder that lrft train --grm_pretrain judges with. Process (--step_separator TEXT): a "
+    "one-label token-classification head learns each step's label at the step's last token, "
+    "exported as the folder lrft train --prm_pretrain loads. With no --pretrain: the built-in demo "
     "(a scalar RM on the demo model, from synthetic addition preferences). docs/reward-models.md."
 )
 
@@ -111,6 +113,24 @@ RM_FLAGS: tuple[RMFlag, ...] = (
         metavar="NAME|FILE",
         help=f"generative: the judge template ({', '.join(JUDGE_TEMPLATES)}, or a JSON/YAML "
         "file; default pointwise-boxed); give lrft train the same",
+    ),
+    RMFlag(
+        name="step_separator",
+        kind=str,
+        metavar="TEXT",
+        help="train a process reward model on step-labelled rows (prompt, steps, labels) "
+        "instead: the steps joined by TEXT are the response, each step's label is learnt at its "
+        "last token; give lrft train --prm_step_separator the same",
+    ),
+    RMFlag(
+        name="steps_key",
+        kind=str,
+        help="process: column holding each row's list of steps (default: steps)",
+    ),
+    RMFlag(
+        name="step_labels_key",
+        kind=str,
+        help="process: column holding one label per step, 1 right, 0 wrong (default: labels)",
     ),
     RMFlag(
         name="train_batch_size",

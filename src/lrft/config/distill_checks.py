@@ -148,6 +148,8 @@ def _check_process_rewards(config: TrainFields) -> None:
         "normalize_reward": "it scales sequence scores, and process rewards are per token",
         "environment": "an episode's rewards are its environment's, turn by turn",
         "no_task_reward": f"{PURE_DISTILLATION!r} reads no reward, process rewards included",
+        "images_key": "the model scores token ids, not the prompts' images",
+        "audios_key": "the model scores token ids, not the prompts' audio",
     }
     for name, why in refused.items():
         if getattr(config, name) not in (None, False):

@@ -19,6 +19,8 @@ SCALAR_ONLY = ("chosen_key", "rejected_key", "margin_key")
 """Settings of Bradley-Terry training from pairs, refused with ``generative``."""
 GENERATIVE_ONLY = ("response_key", "verdict_key", "reference_key", "grm_template")
 """Settings of judge training, which need ``generative``."""
+PROCESS_ONLY = ("steps_key", "step_labels_key")
+"""Settings of process reward model training, which need ``step_separator``."""
 
 
 def _schedule(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
@@ -66,6 +68,13 @@ class RMTrainConfig:
     grm_template: str = "pointwise-boxed"
     """The judge template (a built-in name or a JSON/YAML file) the judge prompts are rendered
     with; give ``lrft train`` the same one."""
+    # process reward models ----------------------------------------------------------------
+    step_separator: str | None = None
+    """Train a process reward model on step-labelled rows instead: each row's steps joined by
+    this text make the response, and a one-label token-classification head learns each step's
+    label at its last token (what ``lrft train --prm_pretrain`` reads)."""
+    steps_key: str = "steps"
+    step_labels_key: str = "labels"
     # training ------------------------------------------------------------------------------
     train_batch_size: int = attrs.field(default=32, validator=f.positive)
     micro_train_batch_size: int = attrs.field(default=8, validator=f.positive)
@@ -95,6 +104,27 @@ class RMTrainConfig:
 
     def _check_mode(self) -> None:
         defaults = attrs.fields_dict(RMTrainConfig)
+        if self.step_separator is None:
+            for name in PROCESS_ONLY:
+                if getattr(self, name) != defaults[name].default:
+                    raise ConfigError(f"{name} {getattr(self, name)!r} applies to --step_separator")
+        else:
+            if self.generative or self.step_separator == "":
+                raise ConfigError(
+                    "step_separator trains a process reward model: a non-empty text, and not "
+                    "with --generative (a judge)"
+                )
+            for name in SCALAR_ONLY:
+                if getattr(self, name) != defaults[name].default:
+                    raise ConfigError(
+                        f"{name} {getattr(self, name)!r} applies to preference pairs, not to "
+                        "step-labelled rows (--step_separator)"
+                    )
+            if self.pretrain is None:
+                raise ConfigError(
+                    "--step_separator needs --pretrain and --dataset (the built-in demo trains "
+                    "a scalar RM)"
+                )
         wrong = GENERATIVE_ONLY if not self.generative else SCALAR_ONLY
         for name in wrong:
             if getattr(self, name) != defaults[name].default:

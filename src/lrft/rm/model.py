@@ -1,5 +1,6 @@
 """The models ``lrft train-rm`` trains: a scalar reward model (a sequence-classification head with
-one output, the score) or a judge (a causal LM), and how each is exported.
+one output, the score), a process reward model (a token-classification head with one output,
+each step's log-odds) or a judge (a causal LM), and how each is exported.
 
 A scalar RM is a transformers ``*ForSequenceClassification`` model with ``num_labels=1``: the
 form ``lrft train --reward_pretrain`` loads (:class:`lrft.rewards.SequenceClassifierReward` reads
@@ -15,6 +16,7 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -78,6 +80,48 @@ def load_scalar_rm(
     )
     model.train()
     return model, config
+
+
+def load_process_rm(
+    path: str, tokenizer: PreTrainedTokenizerBase, *, seed: int
+) -> tuple[PreTrainedModel, PretrainedConfig]:
+    """The process reward model to train from folder ``path`` (a causal LM, whose backbone's
+    weights load under a new one-output token head, or a process RM), in fp32, and its config.
+    Raises ``ConfigError`` as :func:`load_scalar_rm` does, and for a token classifier of
+    another number of labels."""
+    config: PretrainedConfig = AutoConfig.from_pretrained(path)
+    token_classifier = any(
+        str(name).endswith("ForTokenClassification")
+        for name in getattr(config, "architectures", None) or ()
+    )
+    if token_classifier and config.num_labels != 1:
+        raise ConfigError(
+            f"pretrain {path!r} is a token classifier with {config.num_labels} labels; lrft "
+            "trains process reward models of one (its logit is the step's log-odds)"
+        )
+    config.num_labels = 1
+    if config.pad_token_id is None:
+        config.pad_token_id = _pad_id(tokenizer, path)
+    model = load_with_scalar_head(
+        AutoModelForTokenClassification,
+        path,
+        config,
+        dtype=torch.float32,
+        head_name=SCORE_HEAD,
+        flag="pretrain",
+        form="token-classification",
+        purpose="the step-score head",
+        seed=seed,
+    )
+    model.train()
+    return model, config
+
+
+def token_classifier_from_config(config: PretrainedConfig, dtype: torch.dtype) -> PreTrainedModel:
+    """An empty token classifier of ``config``: what an exported process RM's weights are
+    loaded into."""
+    model: PreTrainedModel = AutoModelForTokenClassification.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]  # transformers leaves from_config unannotated
+    return model
 
 
 def load_judge(path: str) -> tuple[PreTrainedModel, PretrainedConfig]:

@@ -24,9 +24,9 @@ import lrft
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import TrainableModel
 from lrft.data import DistributedPromptSampler, eval_indices
-from lrft.dist import sum_over_ranks
+from lrft.dist import max_over_ranks, sum_over_ranks
 from lrft.rm.config import RESUMABLE_RM_SETTINGS, RMTrainConfig
-from lrft.rm.data import ExampleSet, JudgeExample, PreferencePair
+from lrft.rm.data import ExampleSet, JudgeExample, PreferencePair, StepExample
 from lrft.rm.objectives import Objective
 from lrft.run import checkpoint as ckpt
 from lrft.run.export import HF_MODEL_DIR
@@ -34,7 +34,7 @@ from lrft.run.metrics import MetricsWriter
 from lrft.run.outputs import claim_outputs, own_outputs
 from lrft.run.resume import check_resume_settings
 
-E = TypeVar("E", PreferencePair, JudgeExample)
+E = TypeVar("E", PreferencePair, JudgeExample, StepExample)
 COMMAND = "train-rm"
 """The manifest's ``command``: a checkpoint of ``lrft train`` is not resumed here."""
 
@@ -45,14 +45,6 @@ class RMFitResult:
     first_eval: dict[str, float] | None
     last_eval: dict[str, float] | None
     seconds: float
-
-
-def _max_over_ranks(count: int, device: torch.device) -> int:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return count
-    tensor = torch.tensor([count], dtype=torch.int64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor.item())
 
 
 class RMTrainer(Generic[E]):
@@ -158,7 +150,7 @@ class RMTrainer(Generic[E]):
         groups: list[Sequence[E]] = [
             mine[start : start + size] for start in range(0, len(mine), size)
         ]
-        forwards = _max_over_ranks(len(groups), self.device)
+        forwards = max_over_ranks(len(groups), self.device)
         counts = dict.fromkeys(self.objective.count_names, 0.0)
         loss_sum = 0.0
         self.model.module.eval()

@@ -44,6 +44,7 @@ from lrft.trainer.experience import Decode, ExperienceMaker
 from lrft.trainer.plugins import import_plugins
 from lrft.trainer.policy import PolicyUpdate, needs_old_logprob_pass
 from lrft.trainer.preflight import check_before_start
+from lrft.trainer.process_rewards import process_rewards
 from lrft.trainer.prompts import eval_prompts, load_prompts, planned_iterations
 from lrft.trainer.records import RunRecords
 from lrft.trainer.replay import ReplayBuffer
@@ -271,6 +272,7 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         load_teacher_model(config, backend) if config.teacher_pretrain is not None else None
     )
     reward = build_reward(config, backend, data_labels([train_data, eval_data]))
+    process = process_rewards(config, backend, tokenizer)
     critic, critic_offload = (
         build_critic(config, backend, schedule)
         if config.uses_critic
@@ -326,6 +328,7 @@ def _build(config: TrainConfig, info: RankInfo, watch: PhaseWatch) -> RLTrainer:
         seeds=RolloutSeeds(seed=config.seed, rank=info.rank, tp_size=config.engine_tp_size),
         n=config.n_samples_per_prompt,
         task_reward=not config.no_task_reward,
+        process=process,
     )
     pretrain = config.pretrain
 

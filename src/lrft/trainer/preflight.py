@@ -1,6 +1,6 @@
 """The checks a training run passes before any process group starts: its settings against the
-files and models they name (a resume's checkpoint, the reward's sources, a distillation teacher and
-its tokenizer, the LoRA targets, the environment and its tools). Each raises ``ConfigError`` naming the setting."""
+files and models they name (a resume's checkpoint, the reward's sources, a distillation teacher or a process
+reward model and its tokenizer, the LoRA targets, the environment and its tools). Each raises ``ConfigError`` naming the setting."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from lrft.config import TrainConfig
 from lrft.run import checkpoint as ckpt
 from lrft.run.resume import check_resume_settings, checkpoint_to_resume
 from lrft.trainer.episodes import environment_setup
+from lrft.trainer.process_rewards import check_process_reward_settings
 from lrft.trainer.rewards import check_reward_settings
 from lrft.trainer.teacher import check_teacher_settings
 
@@ -21,6 +22,7 @@ def check_before_start(config: TrainConfig) -> None:
     _check_resume(config)
     check_reward_settings(config)
     check_teacher_settings(config)
+    check_process_reward_settings(config)
     _check_lora(config)
     _check_environment(config)
 

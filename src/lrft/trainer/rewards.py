@@ -24,13 +24,13 @@ from pathlib import Path
 
 import attrs
 import torch
-import torch.distributed as dist
 
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel, TrainBackend
 from lrft.api.types import ModelPart
 from lrft.config import TrainConfig
 from lrft.data import PromptDataset
+from lrft.dist import max_over_ranks
 from lrft.extras import REWARDS_EXTRA
 from lrft.rewards import (
     CombinedReward,
@@ -135,14 +135,6 @@ def _num_labels(model_config: dict[str, object]) -> int:
     return int(value) if isinstance(value, int) else 2
 
 
-def _max_over_ranks(count: int, device: torch.device) -> int:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return count
-    tensor = torch.tensor([count], dtype=torch.int64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor.item())
-
-
 _FILLER = RewardSample(prompt="0", response="0")
 """Scored, then dropped, on a rank with no samples while others have some."""
 
@@ -170,7 +162,7 @@ class ColocatedRewardModel:
     def __call__(self, samples: Sequence[RewardSample]) -> RewardOutput:
         count = len(samples)
         try:
-            target = _max_over_ranks(count, self.device)
+            target = max_over_ranks(count, self.device)
         except Exception as error:
             # A RewardError: compute_rewards must not retry sample by sample, a collective alone.
             raise RewardError(

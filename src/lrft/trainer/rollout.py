@@ -32,6 +32,7 @@ from lrft.rewards import RewardOutput
 from lrft.trainer.colocation import Colocation
 from lrft.trainer.episodes import EpisodeBatch, EpisodeRunner, with_returns
 from lrft.trainer.experience import ExperienceMaker, pack_engine_logprobs
+from lrft.trainer.process_rewards import ProcessRewards
 from lrft.trainer.sampling import Refill, ScoredGroups, continuation_seed, refill_groups
 from lrft.trainer.sequences import Sequences, pack, row_media
 
@@ -49,7 +50,7 @@ class RolloutBatch:
     ``sequences``: prompt and response tokens as the logprob passes read them. ``rewards``: the
     score of each trained row (an episode's: with its environment return) with the reward's
     metrics; ``shaped``: (B,) what the advantages see. ``token_rewards``: (B, T) per-token
-    rewards (an episode's turns), or ``None``. ``engine_logprobs``: (B, T) the engine's own
+    rewards (an episode's turns; process rewards' steps with the outcome), or ``None``. ``engine_logprobs``: (B, T) the engine's own
     logprobs of the response tokens when the sampling asked for them (truncated importance
     sampling), else ``None``. ``generated``: the reward of every response generated, trained or
     not (what the step's reward metrics report). ``metrics``: the mode's own counters.
@@ -117,6 +118,8 @@ class RolloutParts:
     seeds: RolloutSeeds
     n: int
     task_reward: bool = True
+    process: ProcessRewards | None = None
+    """The process reward model's token rewards (``--prm_pretrain``), or ``None``."""
 
     def rate(
         self, prompts: Sequence[PromptSample], results: Sequence[GenerationResult]
@@ -131,6 +134,19 @@ class RolloutParts:
 
     def next_prompts(self) -> Sequence[PromptSample]:
         return self.data.select(self.sampler.next_batch().indices)
+
+    def token_rewards(
+        self, sequences: Sequences, shaped: Tensor
+    ) -> tuple[Tensor | None, dict[str, float]]:
+        """With a process reward model, in the ``process_rewards`` phase: each step's score on
+        its last token plus the ``shaped`` outcome on each response's last, and the steps'
+        metrics; ``(None, {})`` without one (the outcome alone, on the last token)."""
+        process = self.process
+        if process is None:
+            return None, {}
+        return self.colocation.plain(
+            "process_rewards", lambda: process.token_rewards(sequences, shaped)
+        )
 
     def params(self, step: int, round_index: int = 0) -> SamplingParams:
         return attrs.evolve(self.maker.sampling, seed=self.seeds(step, round_index))
@@ -166,16 +182,17 @@ class SingleTurnRollout:
         rewards = parts.rate(prompts, results)
         sequences = pack(results, media=row_media(prompts, n))
         shaped = maker.shape(rewards.scores_tensor(), sequences.action_mask.sum(-1))
+        token_rewards, metrics = parts.token_rewards(sequences, shaped)
         return RolloutBatch(
             prompts=prompts,
             results=results,
             sequences=sequences,
             rewards=rewards,
             shaped=shaped,
-            token_rewards=None,
+            token_rewards=token_rewards,
             engine_logprobs=parts.engine_logprobs(results, sequences.action_mask.shape[1]),
             generated=rewards,
-            metrics={},
+            metrics=metrics,
         )
 
     def eval_scores(self, prompts: Sequence[PromptSample], params: SamplingParams) -> Tensor:
@@ -217,16 +234,17 @@ class RefillRollout:
         batch = refill.batch
         prompts, results = list(batch.prompts), list(batch.results)
         sequences = pack(results, media=row_media(prompts, self.parts.n))
+        token_rewards, metrics = self.parts.token_rewards(sequences, batch.shaped)
         return RolloutBatch(
             prompts=prompts,
             results=results,
             sequences=sequences,
             rewards=batch.rewards,
             shaped=batch.shaped,
-            token_rewards=None,
+            token_rewards=token_rewards,
             engine_logprobs=self.parts.engine_logprobs(results, sequences.action_mask.shape[1]),
             generated=refill.generated,
-            metrics=refill.metrics,
+            metrics={**refill.metrics, **metrics},
         )
 
     def eval_scores(self, prompts: Sequence[PromptSample], params: SamplingParams) -> Tensor:

@@ -1,0 +1,181 @@
+"""Process rewards in the trainer: a process reward model (``--prm_pretrain``) scores each
+step's end (``--prm_step_separator``, :mod:`lrft.rewards.process`), and those scores become
+token rewards there, with the outcome reward (the task reward, shaped) on each response's last
+token. The advantages then read token rewards, as they do for a multi-turn episode's turns:
+outcome estimators (GRPO) compare the responses' sums, discounted ones (REINFORCE, GAE) credit
+each step where it ends.
+
+The model is wrapped by the train backend like a reward model (sharded, and with
+``--enable_engine_sleep`` its parameters on the host outside its phase, ``process_rewards``).
+Its forward may be collective, so every rank runs the same number of micro-batch forwards,
+padding with a copy of a row it holds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from pathlib import Path
+
+import attrs
+import torch
+from torch import Tensor
+from transformers import PreTrainedTokenizerBase
+
+from lrft.api.errors import ConfigError
+from lrft.api.protocols import FrozenModel, TrainBackend
+from lrft.api.types import ModelPart
+from lrft.config import TrainConfig
+from lrft.config.inputs import check_model_folder
+from lrft.dist import max_over_ranks
+from lrft.distill import check_same_tokenizer
+from lrft.rewards.process import Decode, place_step_rewards, step_ends, step_probabilities
+from lrft.trainer.sequences import Sequences
+
+PRM_RULE = (
+    "a process reward model is a *ForTokenClassification folder with 1 or 2 labels (lrft "
+    "train-rm --step_separator trains and exports one)"
+)
+
+
+def _labels(model_config: dict[str, object]) -> int:
+    id2label = model_config.get("id2label")
+    if isinstance(id2label, dict):
+        return len(id2label)
+    value = model_config.get("num_labels", 2)
+    return int(value) if isinstance(value, int) else 2
+
+
+def check_process_reward_settings(config: TrainConfig) -> None:
+    """``prm_pretrain`` is a token-classification folder of 1 or 2 labels sharing the student's
+    tokenizer; raises ``ConfigError`` naming the flag and the path."""
+    path = config.prm_pretrain
+    if path is None:
+        return
+    assert config.pretrain is not None
+    check_model_folder("prm_pretrain", path, tokenizer=True)
+    model_config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    architectures = model_config.get("architectures") or []
+    if architectures and not any(str(a).endswith("ForTokenClassification") for a in architectures):
+        raise ConfigError(f"prm_pretrain {path!r} is a {architectures[0]} folder: {PRM_RULE}")
+    if _labels(model_config) not in (1, 2):
+        raise ConfigError(f"prm_pretrain {path!r} has {_labels(model_config)} labels: {PRM_RULE}")
+    check_same_tokenizer(config.pretrain, path, flag="prm_pretrain")
+
+
+def load_process_reward_model(path: str, backend: TrainBackend) -> FrozenModel:
+    """The process reward model in folder ``path``, in fp32, wrapped by ``backend``.
+    Collective."""
+    from transformers import AutoModelForTokenClassification
+
+    model, info = AutoModelForTokenClassification.from_pretrained(
+        path, dtype=torch.float32, output_loading_info=True
+    )
+    if info["missing_keys"]:
+        # transformers would start the missing weights (the head) at random: scores of noise
+        raise ConfigError(
+            f"prm_pretrain {path!r} lacks the weights {sorted(info['missing_keys'])[:5]}: "
+            f"{PRM_RULE}"
+        )
+    return backend.prepare_frozen(model)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class ProcessRewards:
+    """Token rewards from a process reward model's step scores (see the module docstring).
+    ``offload``: the parameters are reloaded for each call and offloaded after it."""
+
+    model: FrozenModel
+    separator: str
+    decode: Decode
+    special_ids: Collection[int]
+    micro_batch_size: int
+    device: torch.device
+    offload: bool
+
+    def token_rewards(
+        self, sequences: Sequences, outcome: Tensor
+    ) -> tuple[Tensor, dict[str, float]]:
+        """(B, T): each step's score on its last token plus ``outcome`` (B,) on each response's
+        last token, and the steps' metrics. Collective over the default group."""
+        lengths = sequences.action_mask.sum(-1).tolist()
+        ends = [
+            step_ends(
+                sequences.action_tokens[row, :length].tolist(),
+                self.separator,
+                self.decode,
+                self.special_ids,
+            )
+            for row, length in enumerate(lengths)
+        ]
+        if self.offload:
+            self.model.reload([ModelPart.PARAMETERS])
+        try:
+            scores = self._scores(sequences, ends)
+        finally:
+            if self.offload:
+                self.model.offload([ModelPart.PARAMETERS])
+        rewards = place_step_rewards(ends, scores, width=sequences.action_mask.shape[1])
+        rows = torch.arange(len(lengths))
+        rewards[rows, torch.tensor(lengths) - 1] += outcome.float()
+        flat = [value for row in scores for value in row]
+        metrics = {
+            "process/steps": sum(map(len, ends)) / max(len(ends), 1),
+            "process/step_score": sum(flat) / len(flat) if flat else float("nan"),
+        }
+        return rewards, metrics
+
+    def _scores(self, sequences: Sequences, ends: list[list[int]]) -> list[list[float]]:
+        size = self.micro_batch_size
+        chunks = [
+            torch.arange(start, min(start + size, len(sequences)))
+            for start in range(0, len(sequences), size)
+        ]
+        scores: list[list[float]] = []
+        for index in range(max_over_ranks(len(chunks), self.device)):
+            if index >= len(chunks):
+                # fewer rows than another rank: a forward of padding keeps the collectives alike
+                self._forward(*self._padding(sequences))
+                continue
+            chunk = sequences.select(chunks[index])
+            probabilities = self._forward(chunk.input_ids, chunk.attention_mask)
+            for offset, row in enumerate(chunks[index].tolist()):
+                positions = [int(sequences.prompt_lengths[row]) + t for t in ends[row]]
+                scores.append(probabilities[offset, positions].tolist())
+        return scores
+
+    @staticmethod
+    def _padding(sequences: Sequences) -> tuple[Tensor, Tensor]:
+        if len(sequences):
+            return sequences.input_ids[:1], sequences.attention_mask[:1]
+        return torch.zeros((1, 1), dtype=torch.long), torch.ones((1, 1), dtype=torch.long)
+
+    def _forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """(b, L): each position's step score (the head's output read as a probability)."""
+        with torch.no_grad():
+            logits = self.model.module(
+                input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device)
+            ).logits
+        return step_probabilities(logits).cpu()
+
+
+def process_rewards(
+    config: TrainConfig, backend: TrainBackend, tokenizer: PreTrainedTokenizerBase
+) -> ProcessRewards | None:
+    """The run's process rewards (``None`` without ``prm_pretrain``). Collective."""
+    if config.prm_pretrain is None:
+        return None
+    assert config.prm_step_separator is not None
+    model = load_process_reward_model(config.prm_pretrain, backend)
+    offload = config.enable_engine_sleep and ModelPart.PARAMETERS in backend.capabilities.offload
+    if offload:
+        model.offload([ModelPart.PARAMETERS])
+    return ProcessRewards(
+        model=model,
+        separator=config.prm_step_separator,
+        decode=lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=False)),
+        special_ids=frozenset(int(i) for i in tokenizer.all_special_ids),
+        micro_batch_size=config.micro_rollout_batch_size,
+        device=backend.device,
+        offload=offload,
+    )
