@@ -100,6 +100,9 @@ def load_process_rm(
             "trains process reward models of one (its logit is the step's log-odds)"
         )
     config.num_labels = 1
+    # transformers' token-classification heads drop 10% of their inputs by default: the step
+    # scores trained on are then those lrft train reads, as for the critic
+    config.classifier_dropout = 0.0
     if config.pad_token_id is None:
         config.pad_token_id = _pad_id(tokenizer, path)
     model = load_with_scalar_head(

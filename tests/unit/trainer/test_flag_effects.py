@@ -227,6 +227,9 @@ SHOWN_ELSEWHERE: dict[str, str] = {
     "teacher_auth_env": "tests/trainer/test_distill_ranks.py",
     "teacher_timeout_s": "tests/trainer/test_distill_ranks.py",
     "teacher_max_attempts": "tests/unit/distill/test_remote_teacher.py::test_retries_auth_and_redaction_follow_the_remote_rewards_rules",
+    # a process reward model (scored against a plain forward on two ranks)
+    "prm_pretrain": "tests/trainer/test_distill_ranks.py",
+    "prm_step_separator": "tests/unit/rewards/test_process.py::test_each_separator_ends_a_step_and_the_last_token_ends_the_last",
     # a negative advantage whose ratio passes c, which a run this short does not reach
     "dual_clip": "tests/unit/algo/test_policy_loss.py::test_dual_clip_caps_the_loss_of_negative_advantages",
     # vLLM, a second rank, or FSDP2 state a one-rank CPU run cannot show
