@@ -8,7 +8,9 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from lrft.api.errors import ConfigError
 
-_SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
+_SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id")
+"""The special tokens that mark where sequences start and end; the unknown token is left out:
+it only matters for encoding text, and transformers sets it by the folder's model type."""
 
 
 def _load(path: str, flag: str) -> PreTrainedTokenizerBase:
