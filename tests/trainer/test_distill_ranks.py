@@ -20,14 +20,12 @@ from transformers import AutoModelForCausalLM
 
 from lrft.api.digest import tensor_digests
 from lrft.api.types import Location
-from lrft.cli import config_from_args
-from lrft.dist import RankInfo
-from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
-from lrft.trainer.build import build_trainer
+from lrft.testing.distributed import DistributedSuite, RankPool
 from lrft.trainer.logprobs import plain_response_logprobs
 from lrft.trainer.teacher import ModelTeacher, ServiceTeacher
 from lrft.trainer.trainer import RLTrainer
-from tests.trainer.fixtures import base_args, make_model_folder, make_prompt_files
+from tests.trainer.fixtures import make_model_folder, make_prompt_files
+from tests.trainer.test_trainer_ranks import _trainer
 from tests.unit.rm.models import save_with_tokenizer, tiny_token_classifier
 
 COEF = 0.5
@@ -51,21 +49,6 @@ def write_inputs(root: Path) -> None:
         make_model_folder(root / "teacher", seed=5)
         save_with_tokenizer(tiny_token_classifier(seed=9), root / "prm")
         make_prompt_files(root / "data")
-
-
-def _trainer(root: Path, extra: list[str]) -> RLTrainer:
-    context = current_rank_context()
-    args = base_args(
-        root / "model", root / "data/train.jsonl", root / "data/eval.jsonl", root / "out"
-    )
-    info = RankInfo(
-        rank=context.rank,
-        local_rank=context.rank,
-        world_size=context.world_size,
-        local_world_size=context.world_size,
-        device=context.device,
-    )
-    return build_trainer(config_from_args([*args, *extra]), info)
 
 
 def _digests(trainer: RLTrainer) -> dict[str, str]:

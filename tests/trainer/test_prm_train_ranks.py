@@ -20,13 +20,12 @@ from transformers import AutoModelForTokenClassification, AutoTokenizer
 
 from lrft.config import TrainConfig
 from lrft.data import DistributedPromptSampler
-from lrft.dist import RankInfo
 from lrft.rewards.process import step_ends
 from lrft.rm import RMTrainConfig, build_rm_trainer
 from lrft.run.metrics import read_metrics
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.trainer.process_rewards import check_process_reward_settings
-from tests.trainer.fixtures import make_model_folder
+from tests.trainer.fixtures import make_model_folder, rank_info
 from tests.trainer.test_rm_ranks import _deepspeed
 
 STEPS = 2
@@ -64,7 +63,6 @@ def _inputs(root: Path) -> None:
 
 def train(root: Path, save: str, zero_stage: int | None) -> dict[str, Any]:
     _inputs(root)
-    context = current_rank_context()
     config = RMTrainConfig(
         pretrain=str(root / "model"),
         dataset=str(root / "steps.jsonl"),
@@ -77,13 +75,7 @@ def train(root: Path, save: str, zero_stage: int | None) -> dict[str, Any]:
         save_path=str(root / save),
         zero_stage=zero_stage,
     )
-    info = RankInfo(
-        rank=context.rank,
-        local_rank=context.rank,
-        world_size=context.world_size,
-        local_world_size=context.world_size,
-        device=context.device,
-    )
+    info = rank_info()
     kwargs = {} if zero_stage is None else {"backend": _deepspeed(zero_stage)}
     trainer = build_rm_trainer(config, info, **kwargs)
     head: dict[str, torch.Tensor] = {}

@@ -6,21 +6,13 @@ may pass, a warning per retry, credentials hidden from every log line, error and
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import attrs
 
-from lrft.api.validators import finite, non_negative, one_of, positive
+from lrft.api.validators import one_of
 from lrft.distill.protocols import TEACHER_PROTOCOLS, TeacherRequest
-from lrft.rewards.http_service import (
-    JsonService,
-    ServiceError,
-    check_url,
-    frozen_headers,
-    headers_repr,
-    url_repr,
-)
-from lrft.rewards.retry import DEFAULT_BACKOFF_S
+from lrft.rewards.http_service import JsonService, ServiceError, ServiceSettings
 
 logger = logging.getLogger(__name__)
 
@@ -30,35 +22,17 @@ class TeacherError(RuntimeError):
 
 
 @attrs.frozen(kw_only=True, eq=False)
-class RemoteTeacher:
-    """Scores token sequences with POSTs of JSON to ``url`` (see the module). ``headers`` go
-    with every POST (``Authorization: Bearer ...``); their credential values, like the URL's
-    own, are never shown. Close the connection pool with :meth:`close`."""
+class RemoteTeacher(ServiceSettings):
+    """Scores token sequences with POSTs of JSON to ``url`` in ``protocol``'s format (see the
+    module and :class:`~lrft.rewards.http_service.ServiceSettings`); ``headers`` carry its
+    token (``Authorization: Bearer ...``). Close the connection pool with :meth:`close`."""
 
-    url: str = attrs.field(validator=check_url, repr=url_repr)
     protocol: str = attrs.field(default="lrft", validator=one_of(*TEACHER_PROTOCOLS))
-    timeout_s: float = attrs.field(default=60.0, validator=[finite, positive])
-    max_attempts: int = attrs.field(default=3, validator=positive)
-    backoff_s: float = attrs.field(default=DEFAULT_BACKOFF_S, validator=[finite, non_negative])
-    headers: Mapping[str, str] = attrs.field(
-        factory=dict, converter=frozen_headers, repr=headers_repr
-    )
-    trust_env: bool = True
     _service: JsonService = attrs.field(
         init=False,
         repr=False,
         default=attrs.Factory(
-            lambda self: JsonService(
-                url=self.url,
-                timeout_s=self.timeout_s,
-                max_attempts=self.max_attempts,
-                backoff_s=self.backoff_s,
-                headers=self.headers,
-                trust_env=self.trust_env,
-                kind="teacher",
-                name=self.protocol,
-                log=logger,
-            ),
+            lambda self: self.json_service(kind="teacher", name=self.protocol, log=logger),
             takes_self=True,
         ),
     )

@@ -80,13 +80,13 @@ class ServiceError(Exception):
 
 
 @attrs.frozen(kw_only=True, eq=False)
-class JsonService:
-    """POSTs of JSON to ``url`` under the module's rules. ``kind`` and ``name`` word the retry
-    warnings (``reward 'judge': POST ...``), which go to ``log``. ``timeout_s`` bounds each of
-    connecting, sending, waiting for bytes of the answer and waiting for a pooled connection.
-    ``headers`` go with every POST; ``trust_env`` lets proxy settings from the environment
-    apply (httpx's default). httpx's Client may be shared by threads (its connection pool
-    locks). The connection pool is closed by :meth:`close`."""
+class ServiceSettings:
+    """Where a service is and how it is called, shared by every client of one (a reward, a
+    teacher): ``timeout_s`` bounds each of connecting, sending, waiting for bytes of the answer
+    and waiting for a pooled connection; failures that may pass are tried ``max_attempts``
+    times in all, ``backoff_s`` apart, twice as long each time, at most ``max_backoff_s``;
+    ``headers`` go with every POST (their credential values are never shown, in ``repr`` or in
+    errors); ``trust_env`` lets proxy settings from the environment apply (httpx's default)."""
 
     url: str = attrs.field(validator=check_url, repr=url_repr)
     timeout_s: float = attrs.field(default=30.0, validator=[finite, positive])
@@ -99,6 +99,22 @@ class JsonService:
         factory=dict, converter=frozen_headers, repr=headers_repr
     )
     trust_env: bool = True
+
+    def json_service(self, *, kind: str, name: str, log: logging.Logger) -> JsonService:
+        """A :class:`JsonService` calling with these settings; its retry warnings say ``kind``
+        and ``name`` and go to ``log``."""
+        settings = {
+            field.name: getattr(self, field.name) for field in attrs.fields(ServiceSettings)
+        }
+        return JsonService(**settings, kind=kind, name=name, log=log)
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class JsonService(ServiceSettings):
+    """POSTs of JSON to ``url`` under the module's rules. ``kind`` and ``name`` word the retry
+    warnings (``reward 'judge': POST ...``), which go to ``log``. httpx's Client may be shared
+    by threads (its connection pool locks). The connection pool is closed by :meth:`close`."""
+
     kind: str = "service"
     name: str = "remote"
     log: logging.Logger = attrs.field(factory=lambda: logging.getLogger(__name__), repr=False)

@@ -26,24 +26,16 @@ service or httpx sends back.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import attrs
 
-from lrft.api.validators import finite, non_negative, one_of, optional, positive
+from lrft.api.validators import one_of, optional, positive
 from lrft.rewards._checks import name_validator
 from lrft.rewards.base import RewardError, RewardOutput, RewardSample
-from lrft.rewards.http_service import (
-    JsonService,
-    ServiceError,
-    check_url,
-    frozen_headers,
-    headers_repr,
-    url_repr,
-)
+from lrft.rewards.http_service import JsonService, ServiceError, ServiceSettings
 from lrft.rewards.remote_protocols import PROTOCOLS, RETRIES_METRIC
-from lrft.rewards.retry import DEFAULT_BACKOFF_S, DEFAULT_MAX_BACKOFF_S
 
 __all__ = ["RETRIES_METRIC", "RemoteReward"]
 
@@ -51,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 
 @attrs.frozen(kw_only=True, eq=False)
-class RemoteReward:
+class RemoteReward(ServiceSettings):
     """Scores a batch with POSTs of JSON to ``url`` in ``protocol``'s format (``lrft`` or
     ``openrlhf``), ``batch_size`` samples each (unset: one POST), ``max_concurrency`` at once
     (see the module).
@@ -65,17 +57,6 @@ class RemoteReward:
     environment apply (httpx's default). The connection pool is closed by :meth:`close`.
     """
 
-    url: str = attrs.field(validator=check_url, repr=url_repr)
-    timeout_s: float = attrs.field(default=30.0, validator=[finite, positive])
-    max_attempts: int = attrs.field(default=3, validator=positive)
-    backoff_s: float = attrs.field(default=DEFAULT_BACKOFF_S, validator=[finite, non_negative])
-    max_backoff_s: float = attrs.field(
-        default=DEFAULT_MAX_BACKOFF_S, validator=[finite, non_negative]
-    )
-    headers: Mapping[str, str] = attrs.field(
-        factory=dict, converter=frozen_headers, repr=headers_repr
-    )
-    trust_env: bool = True
     name: str = attrs.field(default="remote", validator=name_validator)
     protocol: str = attrs.field(default="lrft", validator=one_of(*PROTOCOLS))
     batch_size: int | None = attrs.field(default=None, validator=optional(positive))
@@ -86,18 +67,7 @@ class RemoteReward:
         init=False,
         repr=False,
         default=attrs.Factory(
-            lambda self: JsonService(
-                url=self.url,
-                timeout_s=self.timeout_s,
-                max_attempts=self.max_attempts,
-                backoff_s=self.backoff_s,
-                max_backoff_s=self.max_backoff_s,
-                headers=self.headers,
-                trust_env=self.trust_env,
-                kind="reward",
-                name=self.name,
-                log=logger,
-            ),
+            lambda self: self.json_service(kind="reward", name=self.name, log=logger),
             takes_self=True,
         ),
     )

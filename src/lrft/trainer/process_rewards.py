@@ -30,6 +30,7 @@ from lrft.config.inputs import check_model_folder
 from lrft.dist import max_over_ranks
 from lrft.distill import check_same_tokenizer
 from lrft.rewards.process import Decode, place_step_rewards, step_ends, step_probabilities
+from lrft.trainer.rewards import load_every_weight
 from lrft.trainer.sequences import Sequences
 
 PRM_RULE = (
@@ -68,15 +69,9 @@ def load_process_reward_model(path: str, backend: TrainBackend) -> FrozenModel:
     Collective."""
     from transformers import AutoModelForTokenClassification
 
-    model, info = AutoModelForTokenClassification.from_pretrained(
-        path, dtype=torch.float32, output_loading_info=True
+    model = load_every_weight(
+        AutoModelForTokenClassification, path, flag="prm_pretrain", rule=PRM_RULE
     )
-    if info["missing_keys"]:
-        # transformers would start the missing weights (the head) at random: scores of noise
-        raise ConfigError(
-            f"prm_pretrain {path!r} lacks the weights {sorted(info['missing_keys'])[:5]}: "
-            f"{PRM_RULE}"
-        )
     return backend.prepare_frozen(model)
 
 

@@ -21,6 +21,7 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import torch
@@ -185,6 +186,18 @@ class ColocatedRewardModel:
         )
 
 
+def load_every_weight(auto_class: Any, path: str, *, flag: str, rule: str) -> Any:
+    """``auto_class.from_pretrained(path)`` in fp32; a weight the folder lacks is a
+    ``ConfigError`` naming ``flag``, the weights and ``rule``."""
+    model, info = auto_class.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+    if info["missing_keys"]:
+        # transformers would start the missing weights (a head) at random: scores of noise
+        raise ConfigError(
+            f"{flag} {path!r} lacks the weights {sorted(info['missing_keys'])[:5]}: {rule}"
+        )
+    return model
+
+
 def load_reward_model(
     path: str, *, name: str, backend: TrainBackend, config: TrainConfig
 ) -> ColocatedRewardModel:
@@ -192,15 +205,9 @@ def load_reward_model(
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model, info = AutoModelForSequenceClassification.from_pretrained(
-        path, dtype=torch.float32, output_loading_info=True
+    model = load_every_weight(
+        AutoModelForSequenceClassification, path, flag="reward_pretrain", rule=SCORE_HEAD_RULE
     )
-    if info["missing_keys"]:
-        # transformers would start the missing weights (a score head) at random: a reward of noise
-        raise ConfigError(
-            f"reward_pretrain {path!r} lacks the weights {sorted(info['missing_keys'])[:5]}: "
-            f"{SCORE_HEAD_RULE}"
-        )
     if model.config.pad_token_id is None:
         # Micro-batches are right-padded; the head reads the last token that is not padding.
         pad = (
