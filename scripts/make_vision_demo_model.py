@@ -74,9 +74,7 @@ class Scenes:
     (one template, one image size), so batches need no padding."""
 
     def __init__(self, scenes: Sequence[Scene], processor: MediaProcessor) -> None:
-        text = processor.render(
-            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}]
-        )
+        text = processor.render([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}])
         processed = [processor.process(text, images=[scene.image()]) for scene in scenes]
         self.scenes = list(scenes)
         self.prompt = torch.tensor(processed[0].prompt_token_ids)
@@ -126,9 +124,7 @@ def greedy_answers(
         if temperature == 0.0:
             token = logits.argmax(-1)
         else:
-            token = torch.multinomial(
-                torch.softmax(logits / temperature, -1), 1, generator=generator
-            )[:, 0]
+            token = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
         for row, value in enumerate(token.tolist()):
             if not done[row] and value != EOS_ID:
                 out[row].append(value)
@@ -159,10 +155,7 @@ def main() -> int:
     task = ShapeCountTask()
     train = Scenes(task.train_scenes(), processor)
     held_out = Scenes(task.eval_scenes(), processor)
-    print(
-        f"processed {len(train.scenes)} + {len(held_out.scenes)} scenes in {time.perf_counter() - start:.0f} s",
-        flush=True,
-    )
+    print(f"processed {len(train.scenes)} + {len(held_out.scenes)} scenes in {time.perf_counter() - start:.0f} s", flush=True)
     model = Qwen2VLForConditionalGeneration(model_config())
     print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters", flush=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
@@ -183,9 +176,7 @@ def main() -> int:
         if learned_at is not None and step >= learned_at + args.settle_steps:
             break
         indices = [teacher.randrange(len(train.scenes)) for _ in range(args.batch_size)]
-        answers = [
-            sloppy_count(train.scenes[i], teacher, overcount=args.overcount) for i in indices
-        ]
+        answers = [sloppy_count(train.scenes[i], teacher, overcount=args.overcount) for i in indices]
         model.train()
         loss = model(**train.batch(indices, answers)).loss
         for group in optimizer.param_groups:
@@ -199,10 +190,7 @@ def main() -> int:
             model.eval()
             said = greedy_answers(model, train, probe)
             agree = agreement(said, [train.scenes[i] for i in probe])
-            print(
-                f"step {step}: loss {loss.item():.3f} agreement {agree:.3f} ({time.perf_counter() - start:.0f} s)",
-                flush=True,
-            )
+            print(f"step {step}: loss {loss.item():.3f} agreement {agree:.3f} ({time.perf_counter() - start:.0f} s)", flush=True)
             if learned_at is None and agree >= args.learned_agreement:
                 learned_at = step
         if learned_at is None and step >= args.max_learn_steps:
