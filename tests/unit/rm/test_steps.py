@@ -101,7 +101,7 @@ def test_the_objective_reads_each_step_at_its_last_token() -> None:
                     picked, torch.tensor(example.labels), reduction="sum"
                 )
             )
-    assert float(measured.loss_sum) == pytest.approx(expected, rel=1e-5)
+    assert float(measured.loss_sum.detach()) == pytest.approx(expected, rel=1e-5)
     assert objective.size(examples) == 3
     assert measured.counts["steps"] == 3.0
     summary = objective.summary({"steps": 3.0, "correct_steps": 2.0}, 1.5)
