@@ -17,7 +17,7 @@ from lrft.dist import RankInfo
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.trainer import PHASES
 from lrft.trainer.build import build_trainer
-from lrft.trainer.colocation import CRITIC_PHASES
+from lrft.trainer.colocation import CRITIC_PHASES, OPTIONAL_PHASES
 from lrft.trainer.trainer import RLTrainer
 from tests.trainer.fixtures import base_args, make_model_folder, make_prompt_files
 
@@ -185,6 +185,11 @@ def _assert_trains_as_the_default(pool: RankPool, root: Path, flags: list[str]) 
         torch.testing.assert_close(changed[name], weight, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def _without_teacher_or_process_rewards() -> list[str]:
+    """The phases of a run with a critic and no distillation teacher or process rewards."""
+    return [p for p in PHASES if p not in OPTIONAL_PHASES - CRITIC_PHASES]
+
+
 class TestTrainerRanks(DistributedSuite):
     world_size = 2
 
@@ -193,21 +198,21 @@ class TestTrainerRanks(DistributedSuite):
     ) -> None:
         root = pool.shared_dir / tmp_path.name
         orders = pool.run(_evaluation_changes_nothing, root)
-        assert orders == [[phase for phase in PHASES if phase not in CRITIC_PHASES]] * 2
+        assert orders == [[phase for phase in PHASES if phase not in OPTIONAL_PHASES]] * 2
 
     def test_ppo_runs_the_critic_phases_with_the_critic_offloaded_outside_them(
         self, pool: RankPool, tmp_path: Path
     ) -> None:
         root = pool.shared_dir / tmp_path.name
         orders = pool.run(_ppo_phases_and_critic_placement, root)
-        assert orders == [list(PHASES)] * 2
+        assert orders == [_without_teacher_or_process_rewards()] * 2
 
     def test_cpu_offload_with_engine_sleep_keeps_host_resident_models_in_place(
         self, pool: RankPool, tmp_path: Path
     ) -> None:
         root = pool.shared_dir / tmp_path.name
         orders = pool.run(_host_resident_models_under_engine_sleep, root)
-        assert orders == [list(PHASES)] * 2
+        assert orders == [_without_teacher_or_process_rewards()] * 2
 
     def test_fsdp2_speed_settings_train_the_same(self, pool: RankPool, tmp_path: Path) -> None:
         """Gathered layers kept to backward and gradients reduced once per optimizer step give

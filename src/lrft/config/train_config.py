@@ -33,7 +33,16 @@ from lrft.api.episodes import EpisodeBudget
 from lrft.api.errors import ConfigError
 from lrft.api.optim import OptimizerConfig, ScheduleKind, SchedulerConfig
 from lrft.backends.train.lora import LoraSettings
-from lrft.config import checks, episodes, inputs, knobs, long_sequences, media_checks, split_checks
+from lrft.config import (
+    checks,
+    distill_checks,
+    episodes,
+    inputs,
+    knobs,
+    long_sequences,
+    media_checks,
+    split_checks,
+)
 from lrft.config.fields import TrainFields
 
 DEFAULT_GAMMA = 1.0
@@ -44,6 +53,7 @@ DEFAULT_TIS_CAP = 2.0
 DEFAULT_OVERLONG_PENALTY_FACTOR = 1.0
 DEFAULT_FIRE_TEMPERATURE = 10.0
 DEFAULT_MAX_NUM_GEN_BATCHES = 4
+DEFAULT_OPD_KL_COEF = 1.0
 MIN_LR_RATIO_WITH_MIN_LR = 0.1
 """``cosine_with_min_lr``'s floor when ``min_lr_ratio`` is unset (LightRFT's: a tenth of the
 rate)."""
@@ -74,6 +84,7 @@ class TrainConfig(TrainFields):
         media_checks.check_media_settings(self)
         split_checks.check_split_settings(self)
         long_sequences.check_long_sequence_settings(self)
+        distill_checks.check_distillation_settings(self)
 
     def validate_world(self, world_size: int) -> None:
         """The rules that depend on the number of ranks; raises ``ConfigError`` naming each."""
@@ -151,11 +162,18 @@ class TrainConfig(TrainFields):
         return advantage_estimators.get(self.advantage_estimator).needs_values
 
     @property
+    def uses_teacher(self) -> bool:
+        """Whether the estimator reads a teacher's logprobs (on-policy distillation)."""
+        return advantage_estimators.get(self.advantage_estimator).needs_teacher
+
+    @property
     def advantage_params(self) -> AdvantageParams:
-        """The estimator's parameters, with the defaults for ``gamma`` and ``lambd`` when unset."""
+        """The estimator's parameters, with the defaults for ``gamma``, ``lambd`` and
+        ``opd_kl_coef`` when unset."""
         return AdvantageParams(
             gamma=DEFAULT_GAMMA if self.gamma is None else self.gamma,
             lambd=DEFAULT_LAMBD if self.lambd is None else self.lambd,
+            opd_kl_coef=DEFAULT_OPD_KL_COEF if self.opd_kl_coef is None else self.opd_kl_coef,
         )
 
     @property
