@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import attrs
 import httpx
 
-from lrft.api.validators import finite, non_negative, positive_int, positive_number
+from lrft.api.validators import finite, non_negative, positive_number
 from lrft.redaction import REDACTED, is_secret_name, redact
 from lrft.rewards.remote_protocols import Malformed
 from lrft.rewards.retry import DEFAULT_BACKOFF_S, DEFAULT_MAX_BACKOFF_S, retry_backoff_s
@@ -90,7 +90,7 @@ class ServiceSettings:
 
     url: str = attrs.field(validator=check_url, repr=url_repr)
     timeout_s: float = attrs.field(default=30.0, validator=[finite, positive_number])
-    max_attempts: int = attrs.field(default=3, validator=positive_int)
+    max_attempts: int = attrs.field(default=3, validator=positive_number)
     backoff_s: float = attrs.field(default=DEFAULT_BACKOFF_S, validator=[finite, non_negative])
     max_backoff_s: float = attrs.field(
         default=DEFAULT_MAX_BACKOFF_S, validator=[finite, non_negative]
