@@ -3,8 +3,9 @@ with ZeRO-3: the teacher and the process reward model are resident only during t
 phases, the teacher's logprobs are a plain transformers forward's, the advantages are GRPO's of
 the outcome plus the process reward model's step scores (a plain forward of each row alone at
 its steps' ends) plus ``-coef * clamp(student - teacher)``, computed by hand from the batch; a
-teacher service returns what the in-process teacher computes, and a run resumed from a
-checkpoint trains to the same weights as one that went straight on."""
+teacher service returns what the in-process teacher computes, a run resumed from a checkpoint
+trains to the same weights as one that went straight on, and pure distillation from a service
+runs with no reward at all."""
 
 from __future__ import annotations
 
@@ -20,11 +21,19 @@ from transformers import AutoModelForCausalLM
 
 from lrft.api.digest import tensor_digests
 from lrft.api.types import Location
+from lrft.cli import config_from_args
 from lrft.testing.distributed import DistributedSuite, RankPool
+from lrft.trainer.build import build_trainer
 from lrft.trainer.logprobs import plain_response_logprobs
 from lrft.trainer.teacher import ModelTeacher, ServiceTeacher
 from lrft.trainer.trainer import RLTrainer
-from tests.trainer.fixtures import make_model_folder, make_prompt_files
+from tests.trainer.fixtures import (
+    REWARD_FLAG,
+    base_args,
+    make_model_folder,
+    make_prompt_files,
+    rank_info,
+)
 from tests.trainer.test_trainer_ranks import _trainer
 from tests.unit.rm.models import save_with_tokenizer, tiny_token_classifier
 
@@ -113,45 +122,80 @@ def _step_scores(root: Path, sequences: Any) -> torch.Tensor:
     return torch.tensor(sums)
 
 
-def hybrid_iteration(root: Path, backend: list[str], url: str) -> dict[str, Any]:
-    teacher_flag = f"--teacher_pretrain={root / 'teacher'}"
-    process = [f"--prm_pretrain={root / 'prm'}", f"--prm_step_separator={SEPARATOR}"]
-    trainer = _trainer(root, [*HYBRID, teacher_flag, *process, *backend])
-    prm = trainer.rollout.parts.process  # type: ignore[attr-defined]  # the single-turn rollout's
-    prm_resident: list[Location] = []
-    prm.model.module.register_forward_pre_hook(
-        lambda *_: prm_resident.append(prm.model.placement.parameters)
-    )
-    teacher = trainer.parts.teacher
-    assert isinstance(teacher, ModelTeacher)
-    assert trainer.parts.old_logprob_pass  # the advantage reads the student's logprobs
-    seen = _Recorded(teacher)
-    object.__setattr__(trainer.parts, "teacher", seen)  # the parts are frozen: a test's detour
-    placed_before = teacher.model.placement.parameters
-    trainer.colocation.sync(version=0)
-    metrics = trainer.train_step()
-    sequences, taught = seen.sequences, seen.answer
-    experience = trainer.buffer.select(torch.arange(len(trainer.buffer)))  # rows in order
-    old, mask = experience.old_logprobs, experience.sequences.action_mask
-    assert old is not None
-    # the outcome on the last token, the step scores at the steps' ends: GRPO compares the sums
-    totals = experience.scores + _step_scores(root, sequences)
-    grpo = torch.tensor(_grpo(totals.tolist(), 4))[:, None]
-    assert grpo.abs().max() > 0.1  # the task reward (digit_fraction) varies within groups
-    distill = -COEF * (old - taught[:, : mask.shape[1]]).clamp(-20, 20)
-    expected = (grpo + distill).masked_fill(~mask, 0.0)
+def _plain_teacher(root: Path, sequences: Any) -> torch.Tensor:
+    """The teacher's logprobs of ``sequences`` by a plain transformers forward."""
     with torch.no_grad():
-        plain = plain_response_logprobs(
+        return plain_response_logprobs(
             AutoModelForCausalLM.from_pretrained(root / "teacher", dtype=torch.float32),
             sequences,
             temperature=1.0,
             device=torch.device("cpu"),
         )
+
+
+def checked_experience(
+    root: Path, trainer: RLTrainer, seen: _Recorded, *, coef: float, hybrid: bool, process: bool
+) -> dict[str, float]:
+    """How far the trainer's last experience is from the hand computation: the advantages
+    (``hybrid``: GRPO of the outcome, plus with ``process`` the process reward model's step
+    scores by a plain forward; then ``-coef * clamp(student - teacher)``) and the teacher's
+    logprobs (a plain forward's)."""
+    sequences, taught = seen.sequences, seen.answer
+    experience = trainer.buffer.select(torch.arange(len(trainer.buffer)))  # rows in order
+    old, mask = experience.old_logprobs, experience.sequences.action_mask
+    assert old is not None
+    expected = -coef * (old - taught[:, : mask.shape[1]]).clamp(-20, 20)
+    if hybrid:
+        # the outcome on the last token, the step scores at the steps' ends: GRPO compares
+        # the sums
+        totals = experience.scores + (_step_scores(root, sequences) if process else 0.0)
+        grpo = torch.tensor(_grpo(totals.tolist(), 4))[:, None]
+        assert grpo.abs().max() > 0.1  # the task reward (digit_fraction) varies within groups
+        expected = expected + grpo
+    return {
+        "advantage_error": float(
+            (experience.advantages - expected.masked_fill(~mask, 0)).abs().max()
+        ),
+        "plain_error": float((taught - _plain_teacher(root, sequences)).abs().max()),
+        "scores": experience.scores.tolist(),
+    }
+
+
+def process_model(trainer: RLTrainer) -> Any:
+    """The trainer's process rewards: the colocated rollout's, or the split trainer's."""
+    rollout: Any = trainer.rollout
+    return rollout.process if hasattr(rollout, "process") else rollout.parts.process
+
+
+def recorded_teacher(trainer: RLTrainer) -> _Recorded:
+    """The trainer's teacher, replaced by one that records what it is asked and answers."""
+    teacher = trainer.parts.teacher
+    assert isinstance(teacher, ModelTeacher)
+    seen = _Recorded(teacher)
+    object.__setattr__(trainer.parts, "teacher", seen)  # the parts are frozen: a test's detour
+    return seen
+
+
+def hybrid_iteration(root: Path, backend: list[str], url: str) -> dict[str, Any]:
+    teacher_flag = f"--teacher_pretrain={root / 'teacher'}"
+    process = [f"--prm_pretrain={root / 'prm'}", f"--prm_step_separator={SEPARATOR}"]
+    trainer = _trainer(root, [*HYBRID, teacher_flag, *process, *backend])
+    prm = process_model(trainer)
+    prm_resident: list[Location] = []
+    prm.model.module.register_forward_pre_hook(
+        lambda *_: prm_resident.append(prm.model.placement.parameters)
+    )
+    assert trainer.parts.old_logprob_pass  # the advantage reads the student's logprobs
+    seen = recorded_teacher(trainer)
+    placed_before = seen.teacher.model.placement.parameters
+    trainer.colocation.sync(version=0)
+    metrics = trainer.train_step()
+    checked = checked_experience(root, trainer, seen, coef=COEF, hybrid=True, process=True)
     # the same sequences through a teacher service that scores with the same model
     from lrft.distill.remote import RemoteTeacher
 
     with RemoteTeacher(url=url, trust_env=False) as remote:
-        served = ServiceTeacher(service=remote, temperature=1.0).logprobs(sequences)
+        served = ServiceTeacher(service=remote, temperature=1.0).logprobs(seen.sequences)
     checkpoint = trainer.save_checkpoint()
     trainer.colocation.sync(version=trainer.step)
     trainer.train_step()
@@ -163,22 +207,33 @@ def hybrid_iteration(root: Path, backend: list[str], url: str) -> dict[str, Any]
     resumed.train_step()
     return {
         "order": list(resumed.colocation.order),
-        "placed": [placed_before, teacher.model.placement.parameters],
+        "placed": [placed_before, seen.teacher.model.placement.parameters],
         "resident": sorted(set(seen.resident), key=str),
         "prm_resident": sorted(set(prm_resident), key=str),
         "prm_after": prm.model.placement.parameters,
         "steps": metrics["process/steps"],
-        "advantage_error": float((experience.advantages - expected).abs().max()),
-        "plain_error": float((taught - plain).abs().max()),
-        "served_error": float((taught - served).abs().max()),
+        "advantage_error": checked["advantage_error"],
+        "plain_error": checked["plain_error"],
+        "served_error": float((seen.answer - served).abs().max()),
         "metrics": {k: metrics[k] for k in ("distill/reverse_kl", "distill/teacher_logprob")},
         "checkpoint": checkpoint.name,
         "resume_equal": _digests(resumed) == straight,
     }
 
 
+def _unrewarded_trainer(root: Path, extra: list[str]) -> RLTrainer:
+    """A trainer of ``base_args`` without their reward and held-out prompts (and the reward's
+    reference column)."""
+    data = root / "data"
+    args = base_args(root / "model", data / "train.jsonl", data / "eval.jsonl", root / "served")
+    dropped = (REWARD_FLAG, "--eval_dataset=", "--reference_key=")
+    kept = [arg for arg in args if not arg.startswith(dropped)]
+    return build_trainer(config_from_args([*kept, *extra]), rank_info())
+
+
 def served_iteration(root: Path, url: str) -> dict[str, Any]:
-    """Pure distillation from the command line's teacher service, with no task reward."""
+    """Pure distillation from the command line's teacher service, with no task reward and no
+    reward given: nothing scores the samples."""
     os.environ["LRFT_TEST_TEACHER_TOKEN"] = "teacher-token"
     flags = [
         "--advantage_estimator=on_policy_distillation",
@@ -187,7 +242,8 @@ def served_iteration(root: Path, url: str) -> dict[str, Any]:
         "--teacher_timeout_s=20",
         "--no_task_reward",
     ]
-    trainer = _trainer(root, flags)
+    trainer = _unrewarded_trainer(root, flags)
+    assert trainer.maker.reward is None
     teacher = trainer.parts.teacher
     assert isinstance(teacher, ServiceTeacher)
     trainer.colocation.sync(version=0)
