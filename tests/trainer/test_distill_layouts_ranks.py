@@ -109,7 +109,8 @@ class TestDistillationLayouts(DistributedSuite):
 def _split_flags(root: Path, hybrid: bool) -> list[str]:
     teacher = f"--teacher_pretrain={root / 'teacher'}"
     if not hybrid:  # pure distillation: the rollout rank scores nothing
-        return ["--advantage_estimator=on_policy_distillation", teacher, "--no_task_reward"]
+        pure = ["--advantage_estimator=on_policy_distillation", f"--opd_kl_coef={COEF}"]
+        return [*pure, teacher, "--no_task_reward"]
     # as HYBRID, less the engine's sleep: the trainer ranks hold no engine
     kept = [flag for flag in HYBRID if flag != "--enable_engine_sleep"]
     return [*kept, *_teacher_and_process(root)]

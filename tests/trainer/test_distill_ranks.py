@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from lrft.api.digest import tensor_digests
@@ -141,10 +142,16 @@ def checked_experience(
     scores by a plain forward; then ``-coef * clamp(student - teacher)``) and the teacher's
     logprobs (a plain forward's)."""
     sequences, taught = seen.sequences, seen.answer
-    experience = trainer.buffer.select(torch.arange(len(trainer.buffer)))  # rows in order
+    rows = torch.arange(len(sequences))  # in order
+    group = trainer.maker.layout.group
+    if group is not None:  # a sequence-parallel group's buffer holds its ranks' rows in order
+        rows += dist.get_rank(group) * len(sequences)
+    experience = trainer.buffer.select(rows)
     old, mask = experience.old_logprobs, experience.sequences.action_mask
     assert old is not None
-    expected = -coef * (old - taught[:, : mask.shape[1]]).clamp(-20, 20)
+    # the group's rows are as wide as its widest: the teacher's, of this rank's, padded
+    taught = torch.nn.functional.pad(taught, (0, mask.shape[1] - taught.shape[1]))
+    expected = -coef * (old - taught).clamp(-20, 20)
     if hybrid:
         # the outcome on the last token, the step scores at the steps' ends: GRPO compares
         # the sums
@@ -156,7 +163,7 @@ def checked_experience(
         "advantage_error": float(
             (experience.advantages - expected.masked_fill(~mask, 0)).abs().max()
         ),
-        "plain_error": float((taught - _plain_teacher(root, sequences)).abs().max()),
+        "plain_error": float((seen.answer - _plain_teacher(root, sequences)).abs().max()),
         "scores": experience.scores.tolist(),
     }
 
