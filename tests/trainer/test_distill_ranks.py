@@ -203,6 +203,7 @@ def hybrid_iteration(root: Path, backend: list[str], url: str) -> dict[str, Any]
 
     with RemoteTeacher(url=url, trust_env=False) as remote:
         served = ServiceTeacher(service=remote, temperature=1.0).logprobs(seen.sequences)
+    served_error = float((seen.answer - served).abs().max())
     checkpoint = trainer.save_checkpoint()
     trainer.colocation.sync(version=trainer.step)
     trainer.train_step()
@@ -221,7 +222,7 @@ def hybrid_iteration(root: Path, backend: list[str], url: str) -> dict[str, Any]
         "steps": metrics["process/steps"],
         "advantage_error": checked["advantage_error"],
         "plain_error": checked["plain_error"],
-        "served_error": float((seen.answer - served).abs().max()),
+        "served_error": served_error,
         "metrics": {k: metrics[k] for k in ("distill/reverse_kl", "distill/teacher_logprob")},
         "checkpoint": checkpoint.name,
         "resume_equal": _digests(resumed) == straight,
