@@ -24,7 +24,7 @@ from lrft.rewards.process import step_ends
 from lrft.rm import RMTrainConfig, build_rm_trainer
 from lrft.run.metrics import read_metrics
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
-from lrft.trainer.process_rewards import check_process_reward_settings
+from lrft.trainer.process_rewards import check_process_reward_model
 from tests.trainer.fixtures import make_model_folder, rank_info
 from tests.trainer.test_rm_ranks import _deepspeed
 
@@ -134,7 +134,7 @@ def _check(root: Path, save: str, result: dict[str, Any]) -> None:
     for name, tensor in expected_weights.items():
         torch.testing.assert_close(weights[name], tensor, rtol=0, atol=2e-5, msg=name)
     # what lrft train checks of a --prm_pretrain folder before it starts
-    check_process_reward_settings(
+    check_process_reward_model(
         TrainConfig(
             pretrain=str(root / "model"),
             prompt_data="p",

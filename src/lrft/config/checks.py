@@ -88,9 +88,8 @@ def check_reward_settings(config: TrainFields) -> None:
     rewarded = config.reward_count > 0 or config.no_task_reward
     if config.pretrain is not None and config.preset is None and not rewarded:
         raise ConfigError(
-            "pretrain needs a reward: reward_fn (math, or module:function), "
-            "reward_pretrain, grm_pretrain or remote_rm_url (or no_task_reward with "
-            "on_policy_distillation)"
+            "pretrain needs a reward: reward_fn (math, or module:function), reward_pretrain, "
+            "grm_pretrain or remote_rm_url (or no_task_reward with on_policy_distillation)"
         )
     if config.reward_fn not in (None, "math") and ":" not in str(config.reward_fn):
         raise ConfigError(f"reward_fn {config.reward_fn!r} must be 'math' or 'module:function'")

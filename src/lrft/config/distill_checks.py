@@ -1,7 +1,9 @@
 """The rules of :class:`lrft.config.TrainConfig` on on-policy distillation and process rewards:
 a distillation estimator has exactly one teacher and nothing else has one, the teacher service's
-settings need the service, and the task reward and process rewards go where they are read. Run
-by ``TrainConfig`` at construction, after the rules of :mod:`lrft.config.checks`."""
+settings need the service, and the task reward and process rewards go where they are read. Two
+groups, each run by ``TrainConfig`` at construction after the rules of
+:mod:`lrft.config.checks`: :func:`check_distillation_settings` and
+:func:`check_process_reward_settings`."""
 
 from __future__ import annotations
 
@@ -35,11 +37,11 @@ def teacher_names() -> list[str]:
 
 
 def check_distillation_settings(config: TrainFields) -> None:
-    """See the module docstring; each error names the settings and the rule."""
+    """The teacher, its service and the task reward (see the module docstring); each error
+    names the settings and the rule."""
     _check_teacher(config)
     _check_teacher_service(config)
     _check_task_reward(config)
-    _check_process_rewards(config)
 
 
 def _check_teacher(config: TrainFields) -> None:
@@ -134,7 +136,9 @@ def _check_task_reward(config: TrainFields) -> None:
         )
 
 
-def _check_process_rewards(config: TrainFields) -> None:
+def check_process_reward_settings(config: TrainFields) -> None:
+    """The process reward model, its separator and what they refuse; each error names the
+    settings and the rule."""
     if config.prm_pretrain is None:
         if config.prm_step_separator is not None:
             raise ConfigError("prm_step_separator applies to prm_pretrain, which is not set")

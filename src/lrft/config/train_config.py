@@ -85,6 +85,7 @@ class TrainConfig(TrainFields):
         split_checks.check_split_settings(self)
         long_sequences.check_long_sequence_settings(self)
         distill_checks.check_distillation_settings(self)
+        distill_checks.check_process_reward_settings(self)
 
     def validate_world(self, world_size: int) -> None:
         """The rules that depend on the number of ranks; raises ``ConfigError`` naming each."""

@@ -16,7 +16,7 @@ from lrft.models.packed_attention import check_packing_support
 from lrft.run import checkpoint as ckpt
 from lrft.run.resume import check_resume_settings, checkpoint_to_resume
 from lrft.trainer.episodes import environment_setup
-from lrft.trainer.process_rewards import check_process_reward_settings
+from lrft.trainer.process_rewards import check_process_reward_model
 from lrft.trainer.rewards import check_reward_settings
 from lrft.trainer.teacher import check_teacher_settings
 
@@ -28,7 +28,7 @@ def check_before_start(config: TrainConfig) -> None:
     check_reward_settings(config)
     _check_system_prompt(config)
     check_teacher_settings(config)
-    check_process_reward_settings(config)
+    check_process_reward_model(config)
     _check_lora(config)
     _check_environment(config)
     _check_packing(config)

@@ -52,7 +52,7 @@ def _labels(model_config: dict[str, object]) -> int:
     return int(value) if isinstance(value, int) else 2
 
 
-def check_process_reward_settings(config: TrainConfig) -> None:
+def check_process_reward_model(config: TrainConfig) -> None:
     """``prm_pretrain`` is a token-classification folder of 1 or 2 labels sharing the student's
     tokenizer; raises ``ConfigError`` naming the flag and the path."""
     path = config.prm_pretrain
