@@ -136,7 +136,7 @@ def _plain_teacher(root: Path, sequences: Any) -> torch.Tensor:
 
 def checked_experience(
     root: Path, trainer: RLTrainer, seen: _Recorded, *, coef: float, hybrid: bool, process: bool
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """How far the trainer's last experience is from the hand computation: the advantages
     (``hybrid``: GRPO of the outcome, plus with ``process`` the process reward model's step
     scores by a plain forward; then ``-coef * clamp(student - teacher)``) and the teacher's

@@ -20,12 +20,11 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from lrft.api.protocols import TrainBackend
 from lrft.data import DistributedPromptSampler
 from lrft.demos.task import AdditionTask
-from lrft.dist import RankInfo
 from lrft.rm import RMTrainConfig, build_rm_trainer
 from lrft.rm.demo import preference_rows
 from lrft.run.metrics import read_metrics
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
-from tests.trainer.fixtures import make_model_folder
+from tests.trainer.fixtures import make_model_folder, rank_info
 
 STEPS = 3
 BATCH = 8
@@ -67,7 +66,6 @@ def train(
     root: Path, save: str, zero_stage: int | None, settings: dict[str, Any]
 ) -> dict[str, Any]:
     _inputs(root)
-    context = current_rank_context()
     config = RMTrainConfig(
         pretrain=str(root / "model"),
         dataset=str(root / "pairs.jsonl"),
@@ -80,13 +78,7 @@ def train(
         zero_stage=zero_stage,
         **settings,
     )
-    info = RankInfo(
-        rank=context.rank,
-        local_rank=context.rank,
-        world_size=context.world_size,
-        local_world_size=context.world_size,
-        device=context.device,
-    )
+    info = rank_info()
     kwargs = {} if zero_stage is None else {"backend": _deepspeed(zero_stage)}
     trainer = build_rm_trainer(config, info, **kwargs)
     head = {}

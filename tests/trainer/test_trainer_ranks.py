@@ -13,13 +13,12 @@ from lrft.api.digest import tensor_digests
 from lrft.api.protocols import TrainableModel
 from lrft.api.types import Location
 from lrft.cli import config_from_args
-from lrft.dist import RankInfo
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.trainer import PHASES
 from lrft.trainer.build import build_trainer
 from lrft.trainer.colocation import CRITIC_PHASES, OPTIONAL_PHASES
 from lrft.trainer.trainer import RLTrainer
-from tests.trainer.fixtures import base_args, make_model_folder, make_prompt_files
+from tests.trainer.fixtures import base_args, make_model_folder, make_prompt_files, rank_info
 
 
 def _trainer(root: Path, extra: list[str]) -> RLTrainer:
@@ -31,13 +30,7 @@ def _trainer(root: Path, extra: list[str]) -> RLTrainer:
     torch.distributed.barrier()
     args = base_args(model, root / "data/train.jsonl", root / "data/eval.jsonl", root / "out")
     config = config_from_args([*args, *extra])
-    info = RankInfo(
-        rank=context.rank,
-        local_rank=context.rank,
-        world_size=context.world_size,
-        local_world_size=context.world_size,
-        device=context.device,
-    )
+    info = rank_info()
     return build_trainer(config, info)
 
 

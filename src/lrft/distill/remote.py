@@ -12,7 +12,13 @@ import attrs
 
 from lrft.api.validators import one_of
 from lrft.distill.protocols import TEACHER_PROTOCOLS, TeacherRequest
-from lrft.rewards.http_service import JsonService, ServiceError, ServiceSettings
+from lrft.rewards.http_service import (
+    ClosesService,
+    JsonService,
+    ServiceError,
+    ServiceSettings,
+    client_service,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +28,7 @@ class TeacherError(RuntimeError):
 
 
 @attrs.frozen(kw_only=True, eq=False)
-class RemoteTeacher(ServiceSettings):
+class RemoteTeacher(ServiceSettings, ClosesService):
     """Scores token sequences with POSTs of JSON to ``url`` in ``protocol``'s format (see the
     module and :class:`~lrft.rewards.http_service.ServiceSettings`); ``headers`` carry its
     token (``Authorization: Bearer ...``). Close the connection pool with :meth:`close`."""
@@ -31,20 +37,8 @@ class RemoteTeacher(ServiceSettings):
     _service: JsonService = attrs.field(
         init=False,
         repr=False,
-        default=attrs.Factory(
-            lambda self: self.json_service(kind="teacher", name=self.protocol, log=logger),
-            takes_self=True,
-        ),
+        default=client_service("teacher", lambda client: client.protocol, logger),
     )
-
-    def close(self) -> None:
-        self._service.close()
-
-    def __enter__(self) -> RemoteTeacher:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def logprobs(
         self, requests: Sequence[TeacherRequest], *, temperature: float

@@ -22,7 +22,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import attrs
 import httpx
@@ -209,3 +209,29 @@ class JsonService(ServiceSettings):
         return ServiceError(
             redact(f"POST {self.url} failed after {tries}: {detail}", secrets=self.secrets)
         )
+
+
+def client_service(kind: str, name: Callable[[Any], str], log: logging.Logger) -> Any:
+    """The default of a service client's ``_service`` field (a reward's, a teacher's): an
+    ``attrs.Factory`` of the :class:`JsonService` of the client's own
+    :class:`ServiceSettings`, whose retry warnings say ``kind`` and ``name(client)`` and go to
+    ``log``."""
+    return attrs.Factory(
+        lambda self: self.json_service(kind=kind, name=name(self), log=log), takes_self=True
+    )
+
+
+class ClosesService:
+    """``close`` and the context manager of a client whose :class:`JsonService` is its
+    ``_service``: leaving the ``with`` block closes the connection pool."""
+
+    _service: JsonService
+
+    def close(self) -> None:
+        self._service.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -34,7 +34,13 @@ import attrs
 from lrft.api.validators import one_of, optional, positive_number
 from lrft.rewards._checks import name_validator
 from lrft.rewards.base import RewardError, RewardOutput, RewardSample
-from lrft.rewards.http_service import JsonService, ServiceError, ServiceSettings
+from lrft.rewards.http_service import (
+    ClosesService,
+    JsonService,
+    ServiceError,
+    ServiceSettings,
+    client_service,
+)
 from lrft.rewards.remote_protocols import PROTOCOLS, RETRIES_METRIC
 
 __all__ = ["RETRIES_METRIC", "RemoteReward"]
@@ -43,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 
 @attrs.frozen(kw_only=True, eq=False)
-class RemoteReward(ServiceSettings):
+class RemoteReward(ServiceSettings, ClosesService):
     """Scores a batch with POSTs of JSON to ``url`` in ``protocol``'s format (``lrft`` or
     ``openrlhf``), ``batch_size`` samples each (unset: one POST), ``max_concurrency`` at once
     (see the module).
@@ -64,12 +70,7 @@ class RemoteReward(ServiceSettings):
     max_concurrency: int = attrs.field(default=1, validator=positive_number)
     """The most POSTs of one batch in flight at once."""
     _service: JsonService = attrs.field(
-        init=False,
-        repr=False,
-        default=attrs.Factory(
-            lambda self: self.json_service(kind="reward", name=self.name, log=logger),
-            takes_self=True,
-        ),
+        init=False, repr=False, default=client_service("reward", lambda client: client.name, logger)
     )
 
     def backoff(self, failed_attempts: int) -> float:
@@ -80,15 +81,6 @@ class RemoteReward(ServiceSettings):
     def secrets(self) -> tuple[str, ...]:
         """What is hidden from every message besides URLs (:attr:`JsonService.secrets`)."""
         return self._service.secrets
-
-    def close(self) -> None:
-        self._service.close()
-
-    def __enter__(self) -> RemoteReward:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def __call__(self, samples: Sequence[RewardSample]) -> RewardOutput:
         if not samples:
