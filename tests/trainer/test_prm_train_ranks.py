@@ -21,17 +21,13 @@ from transformers import AutoModelForTokenClassification, AutoTokenizer
 from lrft.config import TrainConfig
 from lrft.data import DistributedPromptSampler
 from lrft.rewards.process import step_ends
-from lrft.rm import RMTrainConfig, build_rm_trainer
 from lrft.run.metrics import read_metrics
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.trainer.process_rewards import check_process_reward_model
-from tests.trainer.fixtures import make_model_folder, rank_info
-from tests.trainer.test_rm_ranks import _deepspeed
+from tests.trainer.fixtures import make_model_folder
+from tests.trainer.test_rm_ranks import BATCH, LR, SEED, fitted, small_config
 
 STEPS = 2
-BATCH = 8
-LR = 1e-3
-SEED = 5
 SEPARATOR = ";"
 
 
@@ -63,25 +59,10 @@ def _inputs(root: Path) -> None:
 
 def train(root: Path, save: str, zero_stage: int | None) -> dict[str, Any]:
     _inputs(root)
-    config = RMTrainConfig(
-        pretrain=str(root / "model"),
-        dataset=str(root / "steps.jsonl"),
-        step_separator=SEPARATOR,
-        train_batch_size=BATCH,
-        micro_train_batch_size=2,
-        learning_rate=LR,
-        max_steps=STEPS,
-        seed=SEED,
-        save_path=str(root / save),
-        zero_stage=zero_stage,
+    config = small_config(
+        root, "steps.jsonl", save, zero_stage, steps=STEPS, step_separator=SEPARATOR
     )
-    info = rank_info()
-    kwargs = {} if zero_stage is None else {"backend": _deepspeed(zero_stage)}
-    trainer = build_rm_trainer(config, info, **kwargs)
-    head: dict[str, torch.Tensor] = {}
-    for bucket in trainer.model.full_weights(2**20):
-        head.update({n: t.clone() for n, t in bucket if n.startswith("score.")})
-    trainer.fit()
+    _, head = fitted(config, zero_stage)
     return {"head": head}
 
 
