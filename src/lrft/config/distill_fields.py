@@ -71,7 +71,7 @@ class DistillFields(RolloutFields):
     given."""
     # process rewards (lrft.rewards.process, lrft.trainer.process_rewards) ------------------
     prm_pretrain: str | None = attrs.field(default=None, metadata=DISTILLATION)
-    """A process reward model: a token-classification (or one-label) folder sharing the
+    """A process reward model: a token-classification folder of one label (or two) sharing the
     student's tokenizer, whose score at each step's end becomes a token reward there, beside the
     outcome reward (lrft train-rm --step_separator trains one)."""
     prm_step_separator: str | None = attrs.field(
