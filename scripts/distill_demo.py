@@ -2,7 +2,7 @@
 then, from the demo's starting model, on-policy distillation from that teacher beside plain GRPO,
 with held-out accuracy after every step; print the steps each run takes to come within 0.05 of
 the teacher's accuracy, and the accuracies step by step. Run from the repository root (two CPU
-cores: about 2 min for the teacher, 1 to 1.5 min per comparison run)::
+cores: 20 to 40 s a run, the teacher's included; about 6 min for the three seeds)::
 
     python scripts/distill_demo.py --out /tmp/distill-demo
     python scripts/distill_demo.py --out /tmp/distill-demo --seeds 42 1 2
