@@ -9,6 +9,7 @@ from transformers import Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
 from lrft.demos.task import AdditionTask, write_jsonl
 from lrft.demos.tokenizer import EOS_ID, PAD_ID, VOCAB_SIZE, build_tokenizer
+from lrft.dist import RankInfo
 from lrft.testing.models import INITIALIZER_RANGE, tiny_qwen2_config
 
 
@@ -128,3 +129,17 @@ def digit_fraction_but_rank1_stops(sample: object) -> float:
     if stops and _scored == int(os.environ["LRFT_TEST_STOP_AT"]):
         os.kill(os.getpid(), signal.SIGSTOP)
     return digit_fraction(sample)
+
+
+def rank_info() -> RankInfo:
+    """This harness rank's place, as torchrun's environment would give it (one host)."""
+    from lrft.testing.distributed import current_rank_context
+
+    context = current_rank_context()
+    return RankInfo(
+        rank=context.rank,
+        local_rank=context.rank,
+        world_size=context.world_size,
+        local_world_size=context.world_size,
+        device=context.device,
+    )

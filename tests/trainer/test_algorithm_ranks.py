@@ -9,10 +9,9 @@ from typing import Any
 import torch
 
 from lrft.cli import config_from_args
-from lrft.dist import RankInfo
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.trainer.build import build_trainer
-from tests.trainer.fixtures import base_args, make_model_folder, make_prompt_files
+from tests.trainer.fixtures import base_args, make_model_folder, make_prompt_files, rank_info
 
 FLAGS = [
     "--reward_fn=tests.trainer.fixtures:exact",  # a random model scores 0: groups get dropped
@@ -38,13 +37,7 @@ def _one_step(root: Path) -> dict[str, Any]:
         root / "model", root / "data/train.jsonl", root / "data/eval.jsonl", root / "out"
     )
     config = config_from_args([*args, *FLAGS])
-    info = RankInfo(
-        rank=context.rank,
-        local_rank=context.rank,
-        world_size=context.world_size,
-        local_world_size=context.world_size,
-        device=context.device,
-    )
+    info = rank_info()
     trainer = build_trainer(config, info)
     trainer.colocation.sync(version=0)
     metrics = trainer.train_step()

@@ -15,12 +15,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lrft.backends.rollout.hf import HFEngineConfig, HFRolloutEngine
-from lrft.dist import RankInfo
 from lrft.rewards import RewardSample, compute_rewards
 from lrft.rewards.generative import GenerativeReward, judge_prompt_ids
 from lrft.rewards.judge_template import load_judge_template
 from lrft.rm import RMTrainConfig, build_rm_trainer
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
+from tests.trainer.fixtures import rank_info
 from tests.unit.rm.models import save_with_tokenizer, tiny_judge
 
 TEMPLATE = {"prompt": "{prompt}{response}|", "verdict": "<{score}>", "min_score": 0, "max_score": 9}
@@ -52,17 +52,6 @@ def _inputs(root: Path) -> None:
     torch.distributed.barrier()
 
 
-def _info() -> RankInfo:
-    context = current_rank_context()
-    return RankInfo(
-        rank=context.rank,
-        local_rank=context.rank,
-        world_size=context.world_size,
-        local_world_size=context.world_size,
-        device=context.device,
-    )
-
-
 def train_judge(root: Path, save: str, steps: int) -> dict[str, Any]:
     _inputs(root)
     config = RMTrainConfig(
@@ -78,7 +67,7 @@ def train_judge(root: Path, save: str, steps: int) -> dict[str, Any]:
         max_steps=steps,
         save_path=str(root / save),
     )
-    result = build_rm_trainer(config, _info()).fit()
+    result = build_rm_trainer(config, rank_info()).fit()
     assert result.first_eval is not None
     assert result.last_eval is not None
     return {"first": result.first_eval, "last": result.last_eval}

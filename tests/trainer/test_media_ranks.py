@@ -15,11 +15,10 @@ import torch
 from lrft.api.digest import tensor_digests
 from lrft.cli import config_from_args
 from lrft.demos.vision.task import ShapeCountTask, write_problems
-from lrft.dist import RankInfo
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.testing.vision_models import save_tiny_vlm
 from lrft.trainer.build import build_trainer
-from tests.trainer.fixtures import REWARD_FLAG
+from tests.trainer.fixtures import REWARD_FLAG, rank_info
 
 ZERO3 = ["--zero_stage=3"]
 DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
@@ -58,13 +57,7 @@ def _one_step(root: Path, extra: list[str]) -> dict[str, object]:
         write_problems(root / "data/train.jsonl", task.train_scenes(), stem="train")
         write_problems(root / "data/eval.jsonl", task.eval_scenes(), stem="eval")
     torch.distributed.barrier()
-    info = RankInfo(
-        rank=context.rank,
-        local_rank=context.rank,
-        world_size=context.world_size,
-        local_world_size=context.world_size,
-        device=context.device,
-    )
+    info = rank_info()
     trainer = build_trainer(config_from_args(_args(root, extra)), info)
 
     def weights() -> dict[str, torch.Tensor]:

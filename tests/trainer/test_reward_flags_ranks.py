@@ -18,7 +18,6 @@ from transformers import (
 from lrft.api.types import Location
 from lrft.cli import config_from_args
 from lrft.demos.apply import apply_demo_or_preset
-from lrft.dist import RankInfo
 from lrft.presets import SMOLLM2_TASK
 from lrft.presets.word_problems import INSTRUCTION
 from lrft.rewards import CombinedReward, MathVerifyReward, RewardSample, compute_rewards
@@ -32,6 +31,7 @@ from tests.trainer.fixtures import (
     make_model_folder,
     make_prompt_files,
     make_reward_model,
+    rank_info,
 )
 from tests.unit.rewards.test_remote import ScriptedServer, length_scores
 
@@ -55,13 +55,7 @@ def _build(root: Path, extra: list[str]) -> RLTrainer:
     args = base_args(
         root / "model", root / "data/train.jsonl", root / "data/eval.jsonl", root / "out"
     )
-    info = RankInfo(
-        rank=context.rank,
-        local_rank=context.rank,
-        world_size=context.world_size,
-        local_world_size=context.world_size,
-        device=context.device,
-    )
+    info = rank_info()
     return build_trainer(config_from_args([*args, *extra]), info)
 
 
@@ -120,13 +114,7 @@ def _preset_data(root: Path) -> dict[str, Any]:
     if context.rank == 0 and not (root / "model").exists():
         make_model_folder(root / "model")
     torch.distributed.barrier()
-    info = RankInfo(
-        rank=context.rank,
-        local_rank=context.rank,
-        world_size=context.world_size,
-        local_world_size=context.world_size,
-        device=context.device,
-    )
+    info = rank_info()
     config = config_from_args(
         [
             "train",

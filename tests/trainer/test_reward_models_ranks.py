@@ -20,7 +20,7 @@ from lrft.trainer.build import build_trainer
 from lrft.trainer.judges import ColocatedJudge
 from lrft.trainer.rewards import ColocatedRewardModel
 from lrft.trainer.trainer import RLTrainer
-from tests.trainer.fixtures import base_args, digit_fraction, make_model_folder
+from tests.trainer.fixtures import base_args, digit_fraction, make_model_folder, rank_info
 from tests.trainer.test_reward_flags_ranks import plain_forward
 from tests.unit.rm.models import save_with_tokenizer, tiny_classifier, tiny_judge
 
@@ -55,9 +55,7 @@ def _inputs(root: Path) -> None:
 
 
 def _trainer(root: Path, extra: list[str], *, models: bool = True) -> RLTrainer:
-    from lrft.dist import RankInfo
 
-    context = current_rank_context()
     args = base_args(root / "model", root / "train.jsonl", root / "eval.jsonl", root / "out")
     judged = [
         f"--reward_pretrain={root / 'rm0'},{root / 'rm1'}",
@@ -72,13 +70,7 @@ def _trainer(root: Path, extra: list[str], *, models: bool = True) -> RLTrainer:
         "--overwrite_output",
         *extra,
     ]
-    info = RankInfo(
-        rank=context.rank,
-        local_rank=context.rank,
-        world_size=context.world_size,
-        local_world_size=context.world_size,
-        device=context.device,
-    )
+    info = rank_info()
     return build_trainer(config_from_args([*args, *flags]), info)
 
 

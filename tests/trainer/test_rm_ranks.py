@@ -20,12 +20,11 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 from lrft.api.protocols import TrainBackend
 from lrft.data import DistributedPromptSampler
 from lrft.demos.task import AdditionTask
-from lrft.dist import RankInfo
 from lrft.rm import RMTrainConfig, build_rm_trainer
 from lrft.rm.demo import preference_rows
 from lrft.run.metrics import read_metrics
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
-from tests.trainer.fixtures import make_model_folder
+from tests.trainer.fixtures import make_model_folder, rank_info
 
 STEPS = 3
 BATCH = 8
@@ -63,36 +62,41 @@ MULTIPLIERS = {"constant": [1.0, 1.0, 1.0], "cosine": [0.5, 1.0, 0.5]}
 p = 0 and 1/2 of the two steps after it."""
 
 
-def train(
-    root: Path, save: str, zero_stage: int | None, settings: dict[str, Any]
-) -> dict[str, Any]:
-    _inputs(root)
-    context = current_rank_context()
-    config = RMTrainConfig(
+def small_config(
+    root: Path, dataset: str, save: str, zero_stage: int | None, *, steps: int, **settings: Any
+) -> RMTrainConfig:
+    """``steps`` optimizer steps on ``root``'s model and ``dataset``, batches of ``BATCH``."""
+    return RMTrainConfig(
         pretrain=str(root / "model"),
-        dataset=str(root / "pairs.jsonl"),
+        dataset=str(root / dataset),
         train_batch_size=BATCH,
         micro_train_batch_size=2,
         learning_rate=LR,
-        max_steps=STEPS,
+        max_steps=steps,
         seed=SEED,
         save_path=str(root / save),
         zero_stage=zero_stage,
         **settings,
     )
-    info = RankInfo(
-        rank=context.rank,
-        local_rank=context.rank,
-        world_size=context.world_size,
-        local_world_size=context.world_size,
-        device=context.device,
-    )
+
+
+def fitted(config: RMTrainConfig, zero_stage: int | None) -> tuple[Any, dict[str, torch.Tensor]]:
+    """This rank's trainer of ``config`` after its fit, and its score head before it."""
     kwargs = {} if zero_stage is None else {"backend": _deepspeed(zero_stage)}
-    trainer = build_rm_trainer(config, info, **kwargs)
-    head = {}
+    trainer = build_rm_trainer(config, rank_info(), **kwargs)
+    head: dict[str, torch.Tensor] = {}
     for bucket in trainer.model.full_weights(2**20):
         head.update({n: t.clone() for n, t in bucket if n.startswith("score.")})
     trainer.fit()
+    return trainer, head
+
+
+def train(
+    root: Path, save: str, zero_stage: int | None, settings: dict[str, Any]
+) -> dict[str, Any]:
+    _inputs(root)
+    config = small_config(root, "pairs.jsonl", save, zero_stage, steps=STEPS, **settings)
+    trainer, head = fitted(config, zero_stage)
     return {"head": head, "backend": trainer.model.__class__.__name__}
 
 

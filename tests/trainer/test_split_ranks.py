@@ -21,16 +21,15 @@ import pytest
 
 from lrft.cli import config_from_args
 from lrft.data import DistributedPromptSampler
-from lrft.dist import RankInfo, SplitLayout
+from lrft.dist import SplitLayout
 from lrft.run.checkpoint import read_manifest
 from lrft.testing.distributed import (
     RankPool,
-    current_rank_context,
     current_split_groups,
     shared_pool,
 )
 from lrft.trainer.split_build import build_job
-from tests.trainer.fixtures import base_args, make_model_folder, make_prompt_files
+from tests.trainer.fixtures import base_args, make_model_folder, make_prompt_files, rank_info
 
 LAYOUT = SplitLayout(world_size=3, rollout_world_size=1)
 SPLIT = ["--placement=split", "--rollout_world_size=1", "--weight_sync=broadcast"]
@@ -50,15 +49,8 @@ def pool() -> RankPool:
 
 
 def _fit(inputs: tuple[Path, Path, Path], save: Path, extra: list[str]) -> dict[str, Any]:
-    context = current_rank_context()
     config = config_from_args([*base_args(*inputs, save), *SPLIT, *extra])
-    info = RankInfo(
-        rank=context.rank,
-        local_rank=context.rank,
-        world_size=context.world_size,
-        local_world_size=context.world_size,
-        device=context.device,
-    )
+    info = rank_info()
     result = build_job(config, info, groups=current_split_groups()).fit()
     return {"role": current_split_groups().role, "steps": result.steps, "last": result.last_eval}
 

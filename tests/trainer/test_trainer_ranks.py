@@ -13,13 +13,12 @@ from lrft.api.digest import tensor_digests
 from lrft.api.protocols import TrainableModel
 from lrft.api.types import Location
 from lrft.cli import config_from_args
-from lrft.dist import RankInfo
 from lrft.testing.distributed import DistributedSuite, RankPool, current_rank_context
 from lrft.trainer import PHASES
 from lrft.trainer.build import build_trainer
-from lrft.trainer.colocation import CRITIC_PHASES
+from lrft.trainer.colocation import CRITIC_PHASES, OPTIONAL_PHASES
 from lrft.trainer.trainer import RLTrainer
-from tests.trainer.fixtures import base_args, make_model_folder, make_prompt_files
+from tests.trainer.fixtures import base_args, make_model_folder, make_prompt_files, rank_info
 
 
 def _trainer(root: Path, extra: list[str]) -> RLTrainer:
@@ -31,13 +30,7 @@ def _trainer(root: Path, extra: list[str]) -> RLTrainer:
     torch.distributed.barrier()
     args = base_args(model, root / "data/train.jsonl", root / "data/eval.jsonl", root / "out")
     config = config_from_args([*args, *extra])
-    info = RankInfo(
-        rank=context.rank,
-        local_rank=context.rank,
-        world_size=context.world_size,
-        local_world_size=context.world_size,
-        device=context.device,
-    )
+    info = rank_info()
     return build_trainer(config, info)
 
 
@@ -185,6 +178,11 @@ def _assert_trains_as_the_default(pool: RankPool, root: Path, flags: list[str]) 
         torch.testing.assert_close(changed[name], weight, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def _without_teacher_or_process_rewards() -> list[str]:
+    """The phases of a run with a critic and no distillation teacher or process rewards."""
+    return [p for p in PHASES if p not in OPTIONAL_PHASES - CRITIC_PHASES]
+
+
 class TestTrainerRanks(DistributedSuite):
     world_size = 2
 
@@ -193,21 +191,21 @@ class TestTrainerRanks(DistributedSuite):
     ) -> None:
         root = pool.shared_dir / tmp_path.name
         orders = pool.run(_evaluation_changes_nothing, root)
-        assert orders == [[phase for phase in PHASES if phase not in CRITIC_PHASES]] * 2
+        assert orders == [[phase for phase in PHASES if phase not in OPTIONAL_PHASES]] * 2
 
     def test_ppo_runs_the_critic_phases_with_the_critic_offloaded_outside_them(
         self, pool: RankPool, tmp_path: Path
     ) -> None:
         root = pool.shared_dir / tmp_path.name
         orders = pool.run(_ppo_phases_and_critic_placement, root)
-        assert orders == [list(PHASES)] * 2
+        assert orders == [_without_teacher_or_process_rewards()] * 2
 
     def test_cpu_offload_with_engine_sleep_keeps_host_resident_models_in_place(
         self, pool: RankPool, tmp_path: Path
     ) -> None:
         root = pool.shared_dir / tmp_path.name
         orders = pool.run(_host_resident_models_under_engine_sleep, root)
-        assert orders == [list(PHASES)] * 2
+        assert orders == [_without_teacher_or_process_rewards()] * 2
 
     def test_fsdp2_speed_settings_train_the_same(self, pool: RankPool, tmp_path: Path) -> None:
         """Gathered layers kept to backward and gradients reduced once per optimizer step give

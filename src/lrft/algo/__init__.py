@@ -1,8 +1,10 @@
 """RL algorithms as pure tensor functions: no process groups, no models, no hidden state.
 
 - advantages: ``gae``, ``reinforce``, ``reinforce++``, ``rloo``, ``reinforce_baseline``,
-  ``group_norm`` (GRPO), ``dr_grpo``, ``cpgd`` — then the single normalisation stage
-  (:func:`normalize_advantages`, or both at once with :func:`compute_advantages`);
+  ``group_norm`` (GRPO), ``dr_grpo``, ``cpgd``, and on-policy distillation
+  (``on_policy_distillation``, ``on_policy_distillation_hybrid``) — then the single
+  normalisation stage (:func:`normalize_advantages`, or both at once with
+  :func:`compute_advantages`);
 - policy losses: ``ppo`` (clip, dual clip, decoupled clip-higher), ``gspo``, ``gmpo``,
   ``cpgd``, each with optional truncated importance sampling against the engine's logprobs;
 - loss aggregation, KL estimators and controllers, entropy bonus and high-entropy token
@@ -33,6 +35,13 @@ from lrft.algo.advantages import (
     rloo,
 )
 from lrft.algo.aggregation import aggregate_loss, aggregation_divisor
+from lrft.algo.distillation import (
+    LOG_RATIO_CLAMP,
+    distillation_advantages,
+    on_policy_distillation,
+    on_policy_distillation_hybrid,
+    with_teacher,
+)
 from lrft.algo.entropy import entropy_bonus, entropy_from_logits, high_entropy_token_mask
 from lrft.algo.kl import (
     AdaptiveKLController,
@@ -99,6 +108,7 @@ from lrft.algo.value_loss import ValueLossOutput, clipped_value_loss
 
 __all__ = [
     "AGGREGATION_MODES",
+    "LOG_RATIO_CLAMP",
     "AdaptiveKLController",
     "AdvantageEstimatorFn",
     "AdvantageEstimatorSpec",
@@ -133,6 +143,7 @@ __all__ = [
     "cpgd",
     "cpgd_loss",
     "discounted_returns",
+    "distillation_advantages",
     "dr_grpo",
     "dynamic_sampling_filter",
     "entropy_bonus",
@@ -157,6 +168,8 @@ __all__ = [
     "log_ratio",
     "low_var_kl",
     "normalize_advantages",
+    "on_policy_distillation",
+    "on_policy_distillation_hybrid",
     "overlong_penalty",
     "policy_losses",
     "ppo_loss",
@@ -172,4 +185,5 @@ __all__ = [
     "sequence_log_ratio",
     "sequence_ratio",
     "token_kl",
+    "with_teacher",
 ]

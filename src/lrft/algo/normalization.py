@@ -91,6 +91,11 @@ def compute_advantages(
         raise ConfigError(
             f"advantage estimator {estimator!r} needs prompt groups (group_ids or group_size)"
         )
+    if spec.needs_teacher and (batch.logprobs is None or batch.teacher_logprobs is None):
+        raise ConfigError(
+            f"advantage estimator {estimator!r} needs the student's and a teacher's logprobs "
+            "(RewardBatch.logprobs and RewardBatch.teacher_logprobs)"
+        )
     raw = spec.fn(batch, AdvantageParams() if params is None else params)
     if raw.normalized:
         raise ValueError(

@@ -81,6 +81,8 @@ class AdvantageEstimatorSpec:
     ``whiten``: whether :func:`lrft.algo.normalize_advantages` whitens its output over the batch
     (the single normalisation stage; the estimator itself never does). ``needs_values`` /
     ``needs_groups``: the estimator reads critic values / prompt group ids, checked before it runs.
+    ``needs_teacher``: it reads the student's and a teacher's logprobs of the sampled tokens
+    (on-policy distillation), so the trainer scores every sample with a teacher.
     ``reads``: the :class:`AdvantageParams` fields it uses, so that a trainer can refuse a flag
     (``--lambd`` with ``group_norm``, say) that would change nothing.
     """
@@ -90,6 +92,7 @@ class AdvantageEstimatorSpec:
     whiten: bool
     needs_values: bool = False
     needs_groups: bool = False
+    needs_teacher: bool = False
     reads: frozenset[str] = attrs.field(default=frozenset(), converter=_names)
 
     def __attrs_post_init__(self) -> None:
@@ -201,6 +204,7 @@ def register_advantage_estimator(
     whiten: bool,
     needs_values: bool = False,
     needs_groups: bool = False,
+    needs_teacher: bool = False,
     reads: Iterable[str] = (),
 ) -> Callable[[_A], _A]: ...
 @overload
@@ -211,6 +215,7 @@ def register_advantage_estimator(
     whiten: bool,
     needs_values: bool = False,
     needs_groups: bool = False,
+    needs_teacher: bool = False,
     reads: Iterable[str] = (),
 ) -> _A: ...
 def register_advantage_estimator(
@@ -220,6 +225,7 @@ def register_advantage_estimator(
     whiten: bool,
     needs_values: bool = False,
     needs_groups: bool = False,
+    needs_teacher: bool = False,
     reads: Iterable[str] = (),
 ) -> _A | Callable[[_A], _A]:
     """Register an estimator under ``name``: call form with ``fn``, decorator form without.
@@ -236,6 +242,7 @@ def register_advantage_estimator(
                 whiten=whiten,
                 needs_values=needs_values,
                 needs_groups=needs_groups,
+                needs_teacher=needs_teacher,
                 reads=read_params,
             )
         )

@@ -64,19 +64,28 @@ class RewardBatch:
     last valid token; a KL penalty in the reward spreads over all of them). ``action_mask``
     (B, T): valid tokens. ``group_ids`` (B,): integer label of the prompt each response answers
     (responses to the same prompt share a label; labels need not be contiguous). ``values``
-    (B, T): critic values, for GAE.
+    (B, T): critic values, for GAE. ``logprobs`` (B, T): the behaviour (student) policy's
+    log-probability of each sampled token, and ``teacher_logprobs`` (B, T) a teacher's, for
+    on-policy distillation.
     """
 
     token_rewards: Tensor
     action_mask: Tensor = attrs.field(converter=as_mask)
     group_ids: Tensor | None = None
     values: Tensor | None = None
+    logprobs: Tensor | None = None
+    teacher_logprobs: Tensor | None = None
 
     def __attrs_post_init__(self) -> None:
         check_2d("token_rewards", self.token_rewards)
         check_finite_float("token_rewards", self.token_rewards)
         check_same_shape(
-            "token_rewards", self.token_rewards, action_mask=self.action_mask, values=self.values
+            "token_rewards",
+            self.token_rewards,
+            action_mask=self.action_mask,
+            values=self.values,
+            logprobs=self.logprobs,
+            teacher_logprobs=self.teacher_logprobs,
         )
         if self.group_ids is not None:
             if self.group_ids.shape != (self.batch_size,):
@@ -161,6 +170,8 @@ class AdvantageParams:
     """Added to a group's standard deviation before dividing (group_norm, cpgd)."""
     cpgd_weight: CpgdWeight = attrs.field(default="std", validator=c.one_of("std", "equal"))
     """CPGD's weighting of the centred group score: ``std`` divides by the group std."""
+    opd_kl_coef: float = attrs.field(default=1.0, validator=[c.finite, c.positive_number])
+    """The weight of the distillation advantage (on_policy_distillation, and _hybrid)."""
 
 
 @attrs.frozen(kw_only=True, eq=False)

@@ -29,7 +29,9 @@ DESCRIPTION = (
     "rejected, optional margin), exported as a one-label sequence-classification folder that "
     "lrft train --reward_pretrain loads. Generative (--generative): supervised training of a judge "
     "on (prompt, response, verdict) rows rendered with a judge template, exported as a causal-LM "
-    "folder that lrft train --grm_pretrain judges with. With no --pretrain: the built-in demo "
+    "folder that lrft train --grm_pretrain judges with. Process (--step_separator TEXT): a "
+    "one-label token-classification head learns each step's label at the step's last token, "
+    "exported as the folder lrft train --prm_pretrain loads. With no --pretrain: the built-in demo "
     "(a scalar RM on the demo model, from synthetic addition preferences). docs/reward-models.md."
 )
 

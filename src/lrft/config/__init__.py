@@ -8,9 +8,11 @@ Read top-down, each module importing only those above it:
 - :mod:`~lrft.config.validators`: each field's own rule;
 - :mod:`~lrft.config.flag_spec`: what the command line needs to know of a field (its
   ``--help`` group, how its value is read), carried in the field's metadata;
-- :mod:`~lrft.config.rollout_fields` then :mod:`~lrft.config.fields`: every field, its
-  default and its meaning (its docstring, also its flag's help): those a rollout reads
-  (:class:`~lrft.config.rollout_fields.RolloutFields`), then the others
+- :mod:`~lrft.config.rollout_fields`, :mod:`~lrft.config.distill_fields` then
+  :mod:`~lrft.config.fields`: every field, its default and its meaning (its docstring, also
+  its flag's help): those a rollout reads
+  (:class:`~lrft.config.rollout_fields.RolloutFields`), those of on-policy distillation and
+  process rewards (:class:`~lrft.config.distill_fields.DistillFields`), then the others
   (:class:`~lrft.config.fields.TrainFields`);
 - :mod:`~lrft.config.checks`: the rules across fields, and those on the number of ranks;
   :mod:`~lrft.config.inputs`: the rules that read this machine (model folders, files,

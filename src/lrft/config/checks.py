@@ -76,10 +76,11 @@ def check_run_settings(config: TrainFields) -> None:
 
 def check_reward_settings(config: TrainFields) -> None:
     """A model brings a reward, the demo none; each reward setting has the reward it sizes."""
-    if config.pretrain is not None and config.preset is None and config.reward_count == 0:
+    rewarded = config.reward_count > 0 or config.no_task_reward
+    if config.pretrain is not None and config.preset is None and not rewarded:
         raise ConfigError(
-            "pretrain needs a reward: reward_fn (math, or module:function), "
-            "reward_pretrain, grm_pretrain or remote_rm_url"
+            "pretrain needs a reward: reward_fn (math, or module:function), reward_pretrain, "
+            "grm_pretrain or remote_rm_url (or no_task_reward with on_policy_distillation)"
         )
     if config.reward_fn not in (None, "math") and ":" not in str(config.reward_fn):
         raise ConfigError(f"reward_fn {config.reward_fn!r} must be 'math' or 'module:function'")
@@ -254,7 +255,7 @@ def check_estimator_settings(config: TrainFields) -> None:
                     f"{config.advantage_estimator!r} trains none: critic settings need a "
                     f"value-based estimator ({', '.join(value_based_estimators())})"
                 )
-    for name in ("gamma", "lambd"):
+    for name in ("gamma", "lambd", "opd_kl_coef"):
         if getattr(config, name) is not None and name not in spec.reads:
             readers = [s.name for s in advantage_estimators if name in s.reads]
             raise ConfigError(

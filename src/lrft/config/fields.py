@@ -6,8 +6,10 @@ LightRFT command line or config file reads the same here. Each field's own rule 
 is set (:mod:`lrft.config.validators`); the rules across fields (:mod:`lrft.config.checks`) run
 when a :class:`TrainConfig` is made, which is why :class:`TrainFields` is not made on its own.
 The settings a rollout reads come first (:class:`lrft.config.rollout_fields.RolloutFields`),
-then those of training, the algorithm, the backends and the outputs (:class:`TrainFields`); as
-there, a field's docstring is its flag's help and its metadata the flag's ``--help`` section.
+then those of on-policy distillation and process rewards
+(:class:`lrft.config.distill_fields.DistillFields`), then those of training, the algorithm, the
+backends and the outputs (:class:`TrainFields`); as there, a field's docstring is its flag's
+help and its metadata the flag's ``--help`` section.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from lrft.algo import AGGREGATION_MODES, advantage_estimators, kl_estimators, po
 from lrft.api import validators as v
 from lrft.api.errors import ConfigError
 from lrft.config import validators as f
+from lrft.config.distill_fields import DistillFields
 from lrft.config.flag_spec import (
     ALGORITHM,
     BACKEND,
@@ -34,7 +37,7 @@ from lrft.config.flag_spec import (
     flag,
     optional_int,
 )
-from lrft.config.rollout_fields import RolloutFields, registered
+from lrft.config.rollout_fields import registered
 from lrft.config.validators import ATTENTION_KERNELS, LR_SCHEDULERS
 from lrft.extras import PLOTS_EXTRA, tensorboard_available
 
@@ -60,7 +63,7 @@ def _tensorboard_installed(_: object, attribute: attrs.Attribute[Any], value: bo
 
 
 @attrs.frozen(kw_only=True)
-class TrainFields(RolloutFields):
+class TrainFields(DistillFields):
     """The fields of :class:`lrft.config.TrainConfig`, each checked on its own as it is set."""
 
     # training --------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ class FlagGroup(enum.Enum):
     ENGINE = "rollout engine"
     ALGORITHM = "algorithm (advantages, KL, policy loss)"
     CRITIC = "critic (PPO, with --advantage_estimator gae)"
+    DISTILLATION = "on-policy distillation (a teacher) and process rewards"
     TRAINING = "training"
     LORA = "LoRA (adapters on the actor; pip install 'lrft[lora]')"
     BACKEND = "train backend (FSDP2, DeepSpeed) and collectives"
@@ -70,6 +71,7 @@ ROLLOUT = flag(FlagGroup.ROLLOUT)
 ENGINE = flag(FlagGroup.ENGINE)
 ALGORITHM = flag(FlagGroup.ALGORITHM)
 CRITIC = flag(FlagGroup.CRITIC)
+DISTILLATION = flag(FlagGroup.DISTILLATION)
 TRAINING = flag(FlagGroup.TRAINING)
 LORA = flag(FlagGroup.LORA)
 BACKEND = flag(FlagGroup.BACKEND)

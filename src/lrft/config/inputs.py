@@ -147,6 +147,8 @@ def check_inputs(config: TrainFields, problems: Problems) -> bool:
     models = [("pretrain", config.pretrain, True)]
     models += [("reward_pretrain", path, True) for path in config.reward_pretrain]
     models += [("grm_pretrain", path, True) for path in config.grm_pretrain]
+    models += [("teacher_pretrain", config.teacher_pretrain, True)]
+    models += [("prm_pretrain", config.prm_pretrain, True)]
     # The critic is scored on the actor's tokens: it needs no tokenizer of its own.
     models.append(("critic_pretrain", config.critic_pretrain, False))
     models_ok = True

@@ -35,6 +35,7 @@ from lrft.api.optim import OptimizerConfig, ScheduleKind, SchedulerConfig
 from lrft.backends.train.lora import LoraSettings
 from lrft.config import (
     checks,
+    distill_checks,
     episodes,
     inputs,
     knobs,
@@ -54,6 +55,7 @@ DEFAULT_TIS_CAP = 2.0
 DEFAULT_OVERLONG_PENALTY_FACTOR = 1.0
 DEFAULT_FIRE_TEMPERATURE = 10.0
 DEFAULT_MAX_NUM_GEN_BATCHES = 4
+DEFAULT_OPD_KL_COEF = 1.0
 MIN_LR_RATIO_WITH_MIN_LR = 0.1
 """``cosine_with_min_lr``'s floor when ``min_lr_ratio`` is unset (LightRFT's: a tenth of the
 rate)."""
@@ -78,6 +80,8 @@ CONFIG_CHECKS: tuple[Callable[[TrainFields], None], ...] = (
     media_checks.check_media_settings,
     split_checks.check_split_settings,
     long_sequences.check_long_sequence_settings,
+    distill_checks.check_distillation_settings,
+    distill_checks.check_process_reward_settings,
     packages.check_packages,
 )
 """The rules across fields, each run whatever the others find (see :mod:`lrft.config.problems`)."""
@@ -175,11 +179,18 @@ class TrainConfig(TrainFields):
         return advantage_estimators.get(self.advantage_estimator).needs_values
 
     @property
+    def uses_teacher(self) -> bool:
+        """Whether the estimator reads a teacher's logprobs (on-policy distillation)."""
+        return advantage_estimators.get(self.advantage_estimator).needs_teacher
+
+    @property
     def advantage_params(self) -> AdvantageParams:
-        """The estimator's parameters, with the defaults for ``gamma`` and ``lambd`` when unset."""
+        """The estimator's parameters, with the defaults for ``gamma``, ``lambd`` and
+        ``opd_kl_coef`` when unset."""
         return AdvantageParams(
             gamma=DEFAULT_GAMMA if self.gamma is None else self.gamma,
             lambd=DEFAULT_LAMBD if self.lambd is None else self.lambd,
+            opd_kl_coef=DEFAULT_OPD_KL_COEF if self.opd_kl_coef is None else self.opd_kl_coef,
         )
 
     @property

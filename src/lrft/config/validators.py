@@ -149,6 +149,15 @@ def remote_protocol(_: object, attribute: attrs.Attribute[Any], value: str) -> N
         raise ConfigError(f"{attribute.name} {value!r} is unknown; choose one of {list(PROTOCOLS)}")
 
 
+def http_url(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{attribute.name} {redact(value)!r} must be an http:// or https:// URL")
+
+
+optional_http_url = v.optional(http_url)
+
+
 def http_urls(_: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]) -> None:
     for url in value:
         parts = urllib.parse.urlsplit(url)
@@ -156,6 +165,23 @@ def http_urls(_: object, attribute: attrs.Attribute[Any], value: tuple[str, ...]
             raise ConfigError(
                 f"{attribute.name} entry {redact(url)!r} must be an http:// or https:// URL"
             )
+
+
+def teacher_protocol(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    from lrft.distill.protocols import TEACHER_PROTOCOLS
+
+    if value not in TEACHER_PROTOCOLS:
+        raise ConfigError(
+            f"{attribute.name} {value!r} is unknown; choose one of {list(TEACHER_PROTOCOLS)}"
+        )
+
+
+def non_empty_text(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value == "":
+        raise ConfigError(f"{attribute.name} must be a non-empty text, got ''")
+
+
+optional_text = v.optional(non_empty_text)
 
 
 # converters ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from lrft.dist.collectives import (
     all_gather_objects,
     broadcast_object,
     mean_over_ranks,
+    max_over_ranks,
     sum_over_ranks,
     tp_group_generate,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "init_split_distributed",
     "is_collective_timeout",
     "mean_over_ranks",
+    "max_over_ranks",
     "sum_over_ranks",
     "tp_group_generate",
 ]

@@ -188,3 +188,13 @@ def sum_over_ranks(values: list[float], device: torch.device) -> list[float]:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(tensor)
     return [float(x) for x in tensor.tolist()]
+
+
+def max_over_ranks(count: int, device: torch.device) -> int:
+    """The largest ``count`` of any rank: how many collective forwards every rank must run when
+    each has its own number of micro-batches (``device`` as in :func:`sum_over_ranks`)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return count
+    tensor = torch.tensor([count], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())

@@ -14,7 +14,8 @@ transport error), and the output's per-sample metric ``http_retries`` counts the
 before the answer that scored the sample. Anything else (another status that is not 2xx,
 redirects included, or a body that is not the protocol's format) fails at once: sending the same
 request again would get the same answer. One failed POST fails the batch (the POSTs not yet sent
-are not sent).
+are not sent). These are the rules of every lrft client of a service
+(:mod:`lrft.rewards.http_service`).
 
 Credentials never reach a log or an error: URLs are shown through
 :func:`lrft.redaction.redact` (userinfo and token-like query parameters hidden), and the
@@ -24,68 +25,31 @@ service or httpx sends back.
 
 from __future__ import annotations
 
-import base64
 import logging
-import time
-import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from types import MappingProxyType
-from typing import Any
 
 import attrs
-import httpx
 
-from lrft.api.validators import finite, non_negative, one_of, optional, positive_number
-from lrft.redaction import REDACTED, is_secret_name, redact
+from lrft.api.validators import one_of, optional, positive_number
 from lrft.rewards._checks import name_validator
 from lrft.rewards.base import RewardError, RewardOutput, RewardSample
-from lrft.rewards.remote_protocols import PROTOCOLS, RETRIES_METRIC, Malformed
-from lrft.rewards.retry import DEFAULT_BACKOFF_S, DEFAULT_MAX_BACKOFF_S, retry_backoff_s
+from lrft.rewards.http_service import (
+    ClosesService,
+    JsonService,
+    ServiceError,
+    ServiceSettings,
+    client_service,
+)
+from lrft.rewards.remote_protocols import PROTOCOLS, RETRIES_METRIC
 
 __all__ = ["RETRIES_METRIC", "RemoteReward"]
 
 logger = logging.getLogger(__name__)
 
-_RETRIED_STATUSES = frozenset({408, 429})
-
-
-def _check_url(_: Any, attribute: attrs.Attribute[Any], value: str) -> None:
-    parts = urllib.parse.urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(
-            f"{attribute.name} must be an http:// or https:// URL, got {redact(value)!r}"
-        )
-
-
-def _headers(value: Mapping[str, str]) -> Mapping[str, str]:
-    return MappingProxyType({str(k): str(v) for k, v in value.items()})
-
-
-class _RedactRecords(logging.Filter):
-    """Hides URL credentials in httpx's own log lines: httpx (0.28) logs every request's full
-    URL at INFO on its ``httpx`` logger, userinfo and query included."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = redact(record.getMessage())
-        record.args = None
-        return True
-
-
-_HTTPX_FILTER = _RedactRecords()
-
-
-def _url_repr(url: str) -> str:
-    return repr(redact(url))
-
-
-def _headers_repr(headers: Mapping[str, str]) -> str:
-    shown = {name: REDACTED if is_secret_name(name) else value for name, value in headers.items()}
-    return repr(shown)
-
 
 @attrs.frozen(kw_only=True, eq=False)
-class RemoteReward:
+class RemoteReward(ServiceSettings, ClosesService):
     """Scores a batch with POSTs of JSON to ``url`` in ``protocol``'s format (``lrft`` or
     ``openrlhf``), ``batch_size`` samples each (unset: one POST), ``max_concurrency`` at once
     (see the module).
@@ -99,66 +63,24 @@ class RemoteReward:
     environment apply (httpx's default). The connection pool is closed by :meth:`close`.
     """
 
-    url: str = attrs.field(validator=_check_url, repr=_url_repr)
-    timeout_s: float = attrs.field(default=30.0, validator=[finite, positive_number])
-    max_attempts: int = attrs.field(default=3, validator=positive_number)
-    backoff_s: float = attrs.field(default=DEFAULT_BACKOFF_S, validator=[finite, non_negative])
-    max_backoff_s: float = attrs.field(
-        default=DEFAULT_MAX_BACKOFF_S, validator=[finite, non_negative]
-    )
-    headers: Mapping[str, str] = attrs.field(factory=dict, converter=_headers, repr=_headers_repr)
-    trust_env: bool = True
     name: str = attrs.field(default="remote", validator=name_validator)
     protocol: str = attrs.field(default="lrft", validator=one_of(*PROTOCOLS))
     batch_size: int | None = attrs.field(default=None, validator=optional(positive_number))
     """The most samples one POST carries (``None``: the whole batch in one)."""
     max_concurrency: int = attrs.field(default=1, validator=positive_number)
     """The most POSTs of one batch in flight at once."""
-    _client: httpx.Client = attrs.field(
-        init=False,
-        repr=False,
-        default=attrs.Factory(
-            lambda self: httpx.Client(
-                timeout=httpx.Timeout(self.timeout_s),
-                headers=dict(self.headers),
-                trust_env=self.trust_env,
-            ),
-            takes_self=True,
-        ),
+    _service: JsonService = attrs.field(
+        init=False, repr=False, default=client_service("reward", lambda client: client.name, logger)
     )
-
-    def __attrs_post_init__(self) -> None:
-        httpx_logger = logging.getLogger("httpx")
-        if _HTTPX_FILTER not in httpx_logger.filters:
-            httpx_logger.addFilter(_HTTPX_FILTER)
 
     def backoff(self, failed_attempts: int) -> float:
         """Seconds to wait after ``failed_attempts`` failed tries before the next one."""
-        return retry_backoff_s(failed_attempts, self.backoff_s, self.max_backoff_s)
+        return self._service.backoff(failed_attempts)
 
     @property
     def secrets(self) -> tuple[str, ...]:
-        """What is hidden from every message besides URLs: the values of the credential headers,
-        and the URL's own credentials (its password, the basic-auth header httpx makes of its
-        userinfo, the values of its token-like parameters) in case the service echoes them."""
-        found = [value for name, value in self.headers.items() if is_secret_name(name)]
-        parts = urllib.parse.urlsplit(self.url)
-        if parts.password:
-            found.append(urllib.parse.unquote(parts.password))
-            pair = f"{urllib.parse.unquote(parts.username or '')}:{found[-1]}"
-            found.append(base64.b64encode(pair.encode()).decode())
-        for text in (parts.query, parts.fragment):
-            found += [v for k, v in urllib.parse.parse_qsl(text) if is_secret_name(k) and v]
-        return tuple(found)
-
-    def close(self) -> None:
-        self._client.close()
-
-    def __enter__(self) -> RemoteReward:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        """What is hidden from every message besides URLs (:attr:`JsonService.secrets`)."""
+        return self._service.secrets
 
     def __call__(self, samples: Sequence[RewardSample]) -> RewardOutput:
         if not samples:
@@ -214,53 +136,12 @@ class RemoteReward:
 
     def _post(self, body: bytes, count: int) -> RewardOutput:
         """One POST of ``count`` samples, retried as the module docstring says."""
-        last_failure = ""
-        for attempt in range(1, self.max_attempts + 1):
-            if attempt > 1:
-                time.sleep(self.backoff(attempt - 1))
-            try:
-                response = self._client.post(
-                    self.url, content=body, headers={"content-type": "application/json"}
-                )
-            except httpx.TransportError as error:
-                last_failure = f"{type(error).__name__}: {error}"
-                self._log_retry(attempt, type(error).__name__)
-                continue
-            if response.status_code in _RETRIED_STATUSES or response.status_code >= 500:
-                last_failure = f"HTTP {response.status_code}: {response.text[:200]!r}"
-                self._log_retry(attempt, f"HTTP {response.status_code}")
-                continue
-            if not response.is_success:
-                raise self._error(
-                    f"HTTP {response.status_code}, not retried: {response.text[:200]!r}", attempt
-                )
-            try:
-                output = PROTOCOLS[self.protocol].parse(response.json(), count)
-            except (ValueError, Malformed) as error:
-                # json.JSONDecodeError is a ValueError; a wrong body would come back the same.
-                raise self._error(f"malformed reply, not retried: {error}", attempt) from error
-            retries = [float(attempt - 1)] * count
-            return RewardOutput(
-                scores=output.scores, metrics={**output.metrics, RETRIES_METRIC: retries}
-            )
-        raise self._error(f"last failure: {last_failure}", self.max_attempts)
-
-    def _log_retry(self, attempt: int, failure: str) -> None:
-        if attempt == self.max_attempts:
-            return  # the last failure is the error's, not a retry's
-        logger.warning(
-            "reward %r: POST %s: attempt %d of %d failed (%s); retrying in %.2g s",
-            self.name,
-            redact(self.url),
-            attempt,
-            self.max_attempts,
-            failure,
-            self.backoff(attempt),
-        )
-
-    def _error(self, detail: str, attempts: int) -> RewardError:
-        tries = "1 attempt" if attempts == 1 else f"{attempts} attempts"
-        return RewardError(
-            reward=self.name,
-            detail=redact(f"POST {self.url} failed after {tries}: {detail}", secrets=self.secrets),
+        parse = PROTOCOLS[self.protocol].parse
+        try:
+            output, attempts = self._service.post(body, lambda reply: parse(reply, count))
+        except ServiceError as error:
+            raise RewardError(reward=self.name, detail=error.detail) from error
+        retries = [float(attempts - 1)] * count
+        return RewardOutput(
+            scores=output.scores, metrics={**output.metrics, RETRIES_METRIC: retries}
         )

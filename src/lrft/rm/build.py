@@ -30,12 +30,20 @@ from lrft.rm.data import (
     ExampleSet,
     JudgeExample,
     PreferencePair,
+    StepExample,
     load_judge_examples,
     load_preference_pairs,
 )
 from lrft.rm.demo import demo_rm_config
-from lrft.rm.model import load_judge, load_scalar_rm, sequence_classifier_from_config
-from lrft.rm.objectives import Objective, PairObjective, VerdictObjective
+from lrft.rm.model import (
+    load_judge,
+    load_process_rm,
+    load_scalar_rm,
+    sequence_classifier_from_config,
+    token_classifier_from_config,
+)
+from lrft.rm.objectives import Objective, PairObjective, StepObjective, VerdictObjective
+from lrft.rm.steps import StepColumns, load_step_examples
 from lrft.rm.trainer import RMTrainer, check_resumable, planned_steps
 from lrft.run import checkpoint as ckpt
 from lrft.run.export import export_hf
@@ -44,7 +52,7 @@ from lrft.run.outputs import claim_outputs
 if TYPE_CHECKING:
     from lrft.backends.train.deepspeed import ZeroStage
 
-E = TypeVar("E", PreferencePair, JudgeExample)
+E = TypeVar("E", PreferencePair, JudgeExample, StepExample)
 
 
 def rm_backend(config: RMTrainConfig) -> TrainBackend:
@@ -127,6 +135,25 @@ def load_judging(
     )
 
 
+def load_steps(
+    config: RMTrainConfig, path: str, tokenizer: PreTrainedTokenizerBase, limit: int | None
+) -> ExampleSet[StepExample]:
+    assert config.step_separator is not None
+    return load_step_examples(
+        path,
+        separator=config.step_separator,
+        columns=StepColumns(
+            prompt=config.prompt_key, steps=config.steps_key, labels=config.step_labels_key
+        ),
+        prompt_format=PromptFormat(
+            apply_chat_template=config.apply_chat_template, input_template=config.input_template
+        ),
+        tokenizer=tokenizer,
+        max_len=config.max_len,
+        max_samples=limit,
+    )
+
+
 def schedule(config: RMTrainConfig, steps: int) -> SchedulerConfig:
     try:
         return SchedulerConfig(
@@ -192,7 +219,7 @@ def build_rm_trainer(
     rank_info: RankInfo | None = None,
     *,
     backend: BackendFactory = rm_backend,
-) -> RMTrainer[PreferencePair] | RMTrainer[JudgeExample]:
+) -> RMTrainer[PreferencePair] | RMTrainer[JudgeExample] | RMTrainer[StepExample]:
     """Check the run's folders, settings, model and data, then start the process group and
     build the trainer (see the module docstring) on the train backend ``backend`` makes once the
     process group is up (the one ``zero_stage`` names, unless told)."""
@@ -204,6 +231,11 @@ def build_rm_trainer(
         judging = _data(config, tokenizer, load_judging, info.rank)
         return _assemble(
             config, info, tokenizer, judging, lambda pad: VerdictObjective(pad_id=pad), backend
+        )
+    if config.step_separator is not None:
+        steps = _data(config, tokenizer, load_steps, info.rank)
+        return _assemble(
+            config, info, tokenizer, steps, lambda pad: StepObjective(pad_id=pad), backend
         )
     pairs = _data(config, tokenizer, load_pairs, info.rank)
     return _assemble(config, info, tokenizer, pairs, lambda pad: PairObjective(pad_id=pad), backend)
@@ -230,14 +262,16 @@ def _assemble(
     init_distributed(info, timeout=timedelta(seconds=config.collective_timeout_s))
     torch.manual_seed(config.seed)
     backend = make_backend(config)
+    announce = _rank_zero_print if info.rank == 0 else None
     if config.generative:
         model, model_config = load_judge(config.pretrain)
+    elif config.step_separator is not None:
+        model, model_config = load_process_rm(
+            config.pretrain, tokenizer, seed=config.seed, announce=announce
+        )
     else:
         model, model_config = load_scalar_rm(
-            config.pretrain,
-            tokenizer,
-            seed=config.seed,
-            announce=_rank_zero_print if info.rank == 0 else None,
+            config.pretrain, tokenizer, seed=config.seed, announce=announce
         )
     pad = (
         model_config.pad_token_id
@@ -253,6 +287,11 @@ def _assemble(
     )
     pretrain = config.pretrain
     generative = config.generative
+    from_config = (
+        sequence_classifier_from_config
+        if config.step_separator is None
+        else token_classifier_from_config
+    )
 
     def export(directory: Path) -> None:
         if generative:
@@ -264,7 +303,7 @@ def _assemble(
             tokenizer=tokenizer,
             directory=directory,
             model_config=model_config,
-            from_config=sequence_classifier_from_config,
+            from_config=from_config,
         )
 
     return RMTrainer(

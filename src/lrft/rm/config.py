@@ -23,6 +23,8 @@ SCALAR_ONLY = ("chosen_key", "rejected_key", "margin_key")
 """Settings of Bradley-Terry training from pairs, refused with ``generative``."""
 GENERATIVE_ONLY = ("response_key", "verdict_key", "reference_key", "grm_template")
 """Settings of judge training, which need ``generative``."""
+PROCESS_ONLY = ("steps_key", "step_labels_key")
+"""Settings of process reward model training, which need ``step_separator``."""
 
 
 def _schedule(_: object, attribute: attrs.Attribute[Any], value: str) -> None:
@@ -35,6 +37,7 @@ class RMFlagGroup(enum.Enum):
 
     MODEL_AND_DATA = "model and data"
     JUDGE = "judge training (--generative)"
+    PROCESS = "process reward model training (--step_separator)"
     TRAINING = "training"
     BACKEND = "train backend (FSDP2, DeepSpeed) and collectives"
     OUTPUT = "outputs, checkpoints and evaluation"
@@ -42,6 +45,7 @@ class RMFlagGroup(enum.Enum):
 
 MODEL_AND_DATA = flag(RMFlagGroup.MODEL_AND_DATA)
 JUDGE = flag(RMFlagGroup.JUDGE)
+PROCESS = flag(RMFlagGroup.PROCESS)
 TRAINING = flag(RMFlagGroup.TRAINING)
 BACKEND = flag(RMFlagGroup.BACKEND)
 OUTPUT = flag(RMFlagGroup.OUTPUT)
@@ -100,6 +104,18 @@ class RMTrainConfig:
     )
     """The judge template the judge prompts are rendered with: pointwise-boxed,
     pointwise-score-tag, pairwise-boxed or a JSON/YAML file; give lrft train the same one."""
+    # process reward models ----------------------------------------------------------------
+    step_separator: str | None = attrs.field(
+        default=None, metadata=flag(RMFlagGroup.PROCESS, metavar="TEXT")
+    )
+    """Train a process reward model on step-labelled rows (prompt, steps, labels) instead: each
+    row's steps joined by this text make the response, and a one-label token-classification
+    head learns each step's label at its last token; give lrft train ``--prm_step_separator``
+    the same (what its ``--prm_pretrain`` reads)."""
+    steps_key: str = attrs.field(default="steps", metadata=PROCESS)
+    """The column holding each row's list of steps."""
+    step_labels_key: str = attrs.field(default="labels", metadata=PROCESS)
+    """The column holding one label per step: 1 right, 0 wrong."""
     # training ------------------------------------------------------------------------------
     train_batch_size: int = attrs.field(default=32, validator=v.positive_int, metadata=TRAINING)
     """Pairs (or judge examples) per optimizer step."""
@@ -179,6 +195,27 @@ class RMTrainConfig:
 
     def _check_mode(self) -> None:
         defaults = attrs.fields_dict(RMTrainConfig)
+        if self.step_separator is None:
+            for name in PROCESS_ONLY:
+                if getattr(self, name) != defaults[name].default:
+                    raise ConfigError(f"{name} {getattr(self, name)!r} applies to --step_separator")
+        else:
+            if self.generative or self.step_separator == "":
+                raise ConfigError(
+                    "step_separator trains a process reward model: a non-empty text, and not "
+                    "with --generative (a judge)"
+                )
+            for name in SCALAR_ONLY:
+                if getattr(self, name) != defaults[name].default:
+                    raise ConfigError(
+                        f"{name} {getattr(self, name)!r} applies to preference pairs, not to "
+                        "step-labelled rows (--step_separator)"
+                    )
+            if self.pretrain is None:
+                raise ConfigError(
+                    "--step_separator needs --pretrain and --dataset (the built-in demo trains "
+                    "a scalar RM)"
+                )
         wrong = GENERATIVE_ONLY if not self.generative else SCALAR_ONLY
         for name in wrong:
             if getattr(self, name) != defaults[name].default:

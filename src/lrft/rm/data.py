@@ -9,6 +9,7 @@ is trained on the text it will score:
 - a preference pair is ``prompt + chosen`` against ``prompt + rejected``, each tokenised as
   :class:`~lrft.rewards.SequenceClassifierReward` tokenises ``prompt + response`` (with the
   tokenizer's special tokens), with an optional per-pair ``margin``;
+- a step example (:mod:`lrft.rm.steps`) is a prompt and its response of labelled steps;
 - a judge example is the judge prompt that :class:`~lrft.rewards.GenerativeReward` renders for
   ``(prompt, response, reference)`` with the same template and tokenisation, followed by the
   verdict's tokens and the end-of-sequence token; the verdict must parse under the template.
@@ -70,7 +71,25 @@ class JudgeExample:
         return f"{','.join(map(str, self.input_ids))}|{self.target_start}"
 
 
-E = TypeVar("E", PreferencePair, JudgeExample)
+@attrs.frozen(kw_only=True)
+class StepExample:
+    """A prompt and its response of labelled steps: ``labels[k]`` is the label of the step that
+    ends at token ``positions[k]`` of ``input_ids``."""
+
+    input_ids: tuple[int, ...]
+    positions: tuple[int, ...]
+    labels: tuple[float, ...]
+
+    @property
+    def length(self) -> int:
+        return len(self.input_ids)
+
+    def digest_text(self) -> str:
+        ids, ends = ",".join(map(str, self.input_ids)), ",".join(map(str, self.positions))
+        return f"{ids}|{ends}|{','.join(map(repr, self.labels))}"
+
+
+E = TypeVar("E", PreferencePair, JudgeExample, StepExample)
 
 
 @attrs.frozen(kw_only=True)
@@ -117,7 +136,7 @@ class Columns:
     reference: str | None = None
 
 
-def _column(row: SourceRow, key: str, flag: str, where: str) -> object:
+def column(row: SourceRow, key: str, flag: str, where: str) -> object:
     if key not in row.values:
         raise PromptDataError(
             f"--{flag} {key!r} is missing in {where}; columns present: {row.describe_keys()}"
@@ -126,7 +145,7 @@ def _column(row: SourceRow, key: str, flag: str, where: str) -> object:
 
 
 def _text(row: SourceRow, key: str, flag: str, where: str) -> str:
-    value = _column(row, key, flag, where)
+    value = column(row, key, flag, where)
     if not isinstance(value, str):
         raise PromptDataError(
             f"--{flag} {key!r} in {where} must be a string, got {type(value).__name__} "
@@ -136,7 +155,7 @@ def _text(row: SourceRow, key: str, flag: str, where: str) -> str:
 
 
 def _margin(row: SourceRow, key: str, where: str) -> float:
-    value = _column(row, key, "margin_key", where)
+    value = column(row, key, "margin_key", where)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise PromptDataError(
             f"--margin_key {key!r} in {where} must be a finite number, got {value!r}"
@@ -144,7 +163,7 @@ def _margin(row: SourceRow, key: str, where: str) -> float:
     return float(value)
 
 
-def _rows(path: str, max_samples: int | None) -> tuple[str, tuple[SourceRow, ...]]:
+def source_rows(path: str, max_samples: int | None) -> tuple[str, tuple[SourceRow, ...]]:
     source = read_rows(path)
     rows = source.rows[:max_samples]
     if not rows:
@@ -152,7 +171,7 @@ def _rows(path: str, max_samples: int | None) -> tuple[str, tuple[SourceRow, ...
     return source.name, rows
 
 
-def _kept(source: str, examples: list[tuple[int, E]], max_len: int | None) -> ExampleSet[E]:
+def kept_examples(source: str, examples: list[tuple[int, E]], max_len: int | None) -> ExampleSet[E]:
     kept = tuple(e for _, e in examples if max_len is None or e.length <= max_len)
     dropped = tuple(i for i, e in examples if max_len is not None and e.length > max_len)
     if not kept:
@@ -174,12 +193,12 @@ def load_preference_pairs(
 ) -> ExampleSet[PreferencePair]:
     """The preference pairs of ``path`` (see the module docstring)."""
     check_tokenizer(prompt_format, tokenizer)
-    name, rows = _rows(path, max_samples)
+    name, rows = source_rows(path, max_samples)
     pairs: list[tuple[int, PreferencePair]] = []
     for row in rows:
         where = f"{name} {row.where}"
         prompt = format_prompt(
-            _column(row, columns.prompt, "prompt_key", where), prompt_format, tokenizer, where=where
+            column(row, columns.prompt, "prompt_key", where), prompt_format, tokenizer, where=where
         )
         chosen = _text(row, columns.chosen, "chosen_key", where)
         rejected = _text(row, columns.rejected, "rejected_key", where)
@@ -190,7 +209,7 @@ def load_preference_pairs(
             margin=margin,
         )
         pairs.append((row.index, pair))
-    return _kept(name, pairs, max_len)
+    return kept_examples(name, pairs, max_len)
 
 
 def _ids(tokenizer: PreTrainedTokenizerBase, text: str, where: str) -> tuple[int, ...]:
@@ -221,13 +240,13 @@ def load_judge_examples(
         raise PromptDataError(
             "the judge's tokenizer has no end-of-sequence token to end its verdicts with"
         )
-    name, rows = _rows(path, max_samples)
+    name, rows = source_rows(path, max_samples)
     examples: list[tuple[int, JudgeExample]] = []
     judge_tokenizer: JudgeTokenizer = tokenizer
     for row in rows:
         where = f"{name} {row.where}"
         prompt = format_prompt(
-            _column(row, columns.prompt, "prompt_key", where), prompt_format, tokenizer, where=where
+            column(row, columns.prompt, "prompt_key", where), prompt_format, tokenizer, where=where
         )
         response = _text(row, columns.response, "response_key", where)
         verdict = _text(row, columns.verdict, "verdict_key", where)
@@ -250,8 +269,8 @@ def load_judge_examples(
         target = [*tokenizer.encode(verdict, add_special_tokens=False), int(eos)]
         example = JudgeExample(input_ids=(*prompt_ids, *target), target_start=len(prompt_ids))
         examples.append((row.index, example))
-    return _kept(name, examples, max_len)
+    return kept_examples(name, examples, max_len)
 
 
-def longest(examples: Sequence[PreferencePair | JudgeExample]) -> int:
+def longest(examples: Sequence[PreferencePair | JudgeExample | StepExample]) -> int:
     return max((example.length for example in examples), default=0)

@@ -8,11 +8,14 @@ the whole global batch however it is split into ranks and micro-batches.
   asks for a gap of at least that size (Llama 2's margin loss).
 - Verdict cross-entropy (generative RMs): the next-token negative log-likelihood of the verdict's
   tokens given the judge prompt, summed over those tokens.
+- Step cross-entropy (process RMs): the binary cross-entropy of each step's label against
+  ``sigmoid`` of the head's logit at the step's last token, summed over steps.
 """
 
 from __future__ import annotations
 
 import attrs
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -82,4 +85,31 @@ def verdict_cross_entropy(logits: Tensor, input_ids: Tensor, target_mask: Tensor
         tokens=int(mask.sum()),
         correct_tokens=float(hits.sum()),
         exact=float(((misses == 0) & mask.any(-1)).sum()),
+    )
+
+
+@attrs.frozen(kw_only=True)
+class StepStats:
+    """Sums over a micro-batch of labelled steps: the binary cross-entropy, the steps, and the
+    steps whose probability falls on their label's side of 1/2."""
+
+    loss_sum: Tensor
+    steps: int
+    correct: float
+
+
+def step_cross_entropy(logits: Tensor, labels: Tensor) -> StepStats:
+    """``-[y log sigmoid(z) + (1 - y) log(1 - sigmoid(z))]`` summed over steps of logit ``z``
+    and label ``y`` in [0, 1] (computed from the logit, finite for any ``z``)."""
+    if logits.shape != labels.shape or logits.dim() != 1:
+        raise ValueError(
+            f"step logits and labels must be two vectors of one shape, got "
+            f"{tuple(logits.shape)} and {tuple(labels.shape)}"
+        )
+    targets = labels.to(logits.device, torch.float32)
+    predicted = logits.float()
+    return StepStats(
+        loss_sum=F.binary_cross_entropy_with_logits(predicted, targets, reduction="sum"),
+        steps=int(labels.numel()),
+        correct=float(((predicted.detach() > 0) == (targets >= 0.5)).sum()),
     )

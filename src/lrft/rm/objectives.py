@@ -1,5 +1,6 @@
 """What one forward of ``lrft train-rm`` computes: the Bradley-Terry objective on preference pairs
-(scalar RMs) or the verdict cross-entropy on judge examples (generative RMs).
+(scalar RMs), the verdict cross-entropy on judge examples (generative RMs) or the step
+cross-entropy on step-labelled examples (process RMs).
 
 An objective turns a micro-batch of examples into a differentiable loss *sum* and named counts
 (also sums). The trainer divides the loss by the objective's :meth:`size` of the whole global
@@ -17,10 +18,10 @@ import attrs
 import torch
 from torch import Tensor
 
-from lrft.rm.data import JudgeExample, PreferencePair
-from lrft.rm.loss import bradley_terry, verdict_cross_entropy
+from lrft.rm.data import JudgeExample, PreferencePair, StepExample
+from lrft.rm.loss import bradley_terry, step_cross_entropy, verdict_cross_entropy
 
-E = TypeVar("E", PreferencePair, JudgeExample, contravariant=True)
+E = TypeVar("E", PreferencePair, JudgeExample, StepExample, contravariant=True)
 
 
 @attrs.frozen(kw_only=True)
@@ -139,3 +140,33 @@ class VerdictObjective:
             "token_accuracy": totals["correct_tokens"] / tokens,
             "verdict_accuracy": totals["exact"] / max(totals["examples"], 1.0),
         }
+
+
+@attrs.frozen(kw_only=True)
+class StepObjective:
+    """Each labelled step's cross-entropy against the one-label token head's logit at the
+    step's last token (:func:`lrft.rm.loss.step_cross_entropy`)."""
+
+    pad_id: int
+    count_names: tuple[str, ...] = ("steps", "correct_steps")
+
+    def size(self, examples: Sequence[StepExample]) -> int:
+        return sum(len(e.labels) for e in examples)
+
+    def measure(
+        self, module: torch.nn.Module, examples: Sequence[StepExample], device: torch.device
+    ) -> Measured:
+        input_ids, mask = right_padded([e.input_ids for e in examples], self.pad_id)
+        logits = module(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits
+        rows = torch.tensor([row for row, e in enumerate(examples) for _ in e.positions])
+        positions = torch.tensor([p for e in examples for p in e.positions])
+        labels = torch.tensor([label for e in examples for label in e.labels])
+        stats = step_cross_entropy(logits[rows.to(device), positions.to(device), 0], labels)
+        return Measured(
+            loss_sum=stats.loss_sum,
+            counts={"steps": float(stats.steps), "correct_steps": stats.correct},
+        )
+
+    def summary(self, totals: Mapping[str, float], loss_sum: float) -> dict[str, float]:
+        steps = max(totals["steps"], 1.0)
+        return {"loss": loss_sum / steps, "step_accuracy": totals["correct_steps"] / steps}

@@ -24,9 +24,9 @@ import lrft
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import TrainableModel
 from lrft.data import DistributedPromptSampler, eval_indices
-from lrft.dist import sum_over_ranks
+from lrft.dist import max_over_ranks, sum_over_ranks
 from lrft.rm.config import RESUMABLE_RM_SETTINGS, RMTrainConfig
-from lrft.rm.data import ExampleSet, JudgeExample, PreferencePair
+from lrft.rm.data import ExampleSet, JudgeExample, PreferencePair, StepExample
 from lrft.rm.objectives import Objective
 from lrft.run import checkpoint as ckpt
 from lrft.run.export import HF_MODEL_DIR
@@ -34,7 +34,7 @@ from lrft.run.metrics import Curve, CurvesPlot, MetricsWriter, report_outputs
 from lrft.run.outputs import claim_outputs, own_outputs
 from lrft.run.resume import check_resume_settings
 
-E = TypeVar("E", PreferencePair, JudgeExample)
+E = TypeVar("E", PreferencePair, JudgeExample, StepExample)
 COMMAND = "train-rm"
 """The manifest's ``command``: a checkpoint of ``lrft train`` is not resumed here."""
 
@@ -84,14 +84,6 @@ JUDGE_CURVES = _accuracy_curves(
     ylabel="verdict accuracy (exact)",
     title="lrft train-rm --generative: judge verdict accuracy",
 )
-
-
-def _max_over_ranks(count: int, device: torch.device) -> int:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return count
-    tensor = torch.tensor([count], dtype=torch.int64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor.item())
 
 
 class RMTrainer(Generic[E]):
@@ -197,7 +189,7 @@ class RMTrainer(Generic[E]):
         groups: list[Sequence[E]] = [
             mine[start : start + size] for start in range(0, len(mine), size)
         ]
-        forwards = _max_over_ranks(len(groups), self.device)
+        forwards = max_over_ranks(len(groups), self.device)
         counts = dict.fromkeys(self.objective.count_names, 0.0)
         loss_sum = 0.0
         self.model.module.eval()

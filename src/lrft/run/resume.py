@@ -67,6 +67,13 @@ RESUMABLE_SETTINGS = frozenset(
         "remote_rm_protocol",
         "remote_rm_batch_size",
         "remote_rm_max_concurrency",
+        # where the teacher service answers, and how it is spoken to (its scores are the
+        # teacher's wherever it runs)
+        "teacher_url",
+        "teacher_protocol",
+        "teacher_timeout_s",
+        "teacher_max_attempts",
+        "teacher_auth_env",
         # memory placement and speed, documented as not changing the result
         "enable_engine_sleep",
         "engine_mem_util",
@@ -83,7 +90,7 @@ RESUMABLE_SETTINGS = frozenset(
 )
 """The settings a resumed run may change; every other setting must equal the checkpoint's."""
 
-_UNSHOWN = frozenset({"remote_rm_url"})
+_UNSHOWN = frozenset({"remote_rm_url", "teacher_url"})
 """Changed settings named without their values: they may hold credentials."""
 
 

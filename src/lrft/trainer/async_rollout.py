@@ -34,6 +34,7 @@ from lrft.dist.split import SENDER
 from lrft.rewards import RewardOutput
 from lrft.trainer.colocation import Colocation
 from lrft.trainer.experience import ExperienceMaker, pack_engine_logprobs
+from lrft.trainer.process_rewards import ProcessRewards, process_token_rewards
 from lrft.trainer.rollout import RolloutBatch
 from lrft.trainer.sampling import concat_rewards
 from lrft.trainer.sequences import pack, row_media
@@ -76,6 +77,9 @@ class AsyncRollout:
     eval_every: int
     watch: PhaseWatch
     version: int = 0
+    process: ProcessRewards | None = None
+    """The process reward model (``--prm_pretrain``), held by the trainer ranks: it scores each
+    batch's steps once the batch arrives, as the reference and the teacher score it."""
 
     @property
     def _train_ranks(self) -> int:
@@ -117,6 +121,9 @@ class AsyncRollout:
             engine_logprobs = pack_engine_logprobs(results, sequences.action_mask.shape[1])
         rewards = part.rewards
         shaped = self.maker.shape(rewards.scores_tensor(), sequences.action_mask.sum(-1))
+        token_rewards, process_metrics = process_token_rewards(
+            self.colocation, self.process, sequences, shaped
+        )
         # the trainer trains this batch, then syncs the next version to the rollout ranks
         self.version = step + 1
         return RolloutBatch(
@@ -125,10 +132,10 @@ class AsyncRollout:
             sequences=sequences,
             rewards=rewards,
             shaped=shaped,
-            token_rewards=None,
+            token_rewards=token_rewards,
             engine_logprobs=engine_logprobs,
             generated=rewards,
-            metrics=metrics,
+            metrics={**metrics, **process_metrics},
             weight_versions=torch.full((len(results),), part.version, dtype=torch.long),
         )
 

@@ -2,8 +2,9 @@
 
 :func:`build_trainer` checks the run's folders, settings and files before any process group
 starts, then builds, in order: the prompts, the train backend and its models (actor, reference,
-critic), the reward, the rollout stack (engine, TP group, experience maker: shared with
-``lrft eval``, :mod:`lrft.trainer.rollout_stack`), the rollout of the configured mode
+a distillation teacher, critic), the reward and process rewards, the rollout stack (engine, TP
+group, experience maker: shared with ``lrft eval``, :mod:`lrft.trainer.rollout_stack`), the
+rollout of the configured mode
 (:mod:`lrft.trainer.rollout`), the phases, the updates and the run's records. The trainer only
 runs them. The Protocols' implementations come from :mod:`lrft.trainer.components`. A run with
 no model of its own gets the demo's or a preset's first (:mod:`lrft.demos.apply`).
@@ -47,10 +48,11 @@ from lrft.trainer.episodes import EpisodeRunner
 from lrft.trainer.packing import token_layout
 from lrft.trainer.policy import PolicyUpdate, needs_old_logprob_pass
 from lrft.trainer.preflight import check_before_start
+from lrft.trainer.process_rewards import process_rewards
 from lrft.trainer.prompts import eval_prompts, load_prompts, planned_iterations
 from lrft.trainer.records import RunRecords
 from lrft.trainer.replay import ReplayBuffer
-from lrft.trainer.rewards import build_reward, data_labels
+from lrft.trainer.rewards import data_labels, task_reward
 from lrft.trainer.rollout import (
     EpisodeRollout,
     RefillRollout,
@@ -60,6 +62,7 @@ from lrft.trainer.rollout import (
     SingleTurnRollout,
 )
 from lrft.trainer.rollout_stack import decoder, experience_maker, rollout_stack
+from lrft.trainer.teacher import load_teacher_model, make_teacher
 from lrft.trainer.trainer import RLTrainer, TrainerParts
 
 ENGINE_SLEEP_LEVEL = 2
@@ -233,15 +236,17 @@ def trainer_after_start(
         reference = AdaptersDisabled(actor)  # the actor's own base: no second copy of it
     elif config.init_kl_coef > 0:
         reference = backend.prepare_frozen(causal_lm(config))
+    teacher_model = load_teacher_model(config, backend)
     # split: the rollout ranks generate and score; this rank holds neither engine nor reward
-    reward = None if split else build_reward(config, backend, data_labels([train_data, eval_data]))
+    reward = None if split else task_reward(config, backend, data_labels([train_data, eval_data]))
+    process = process_rewards(config, backend, tokenizer)
     critic, critic_offload = (
         build_critic(config, backend, schedule)
         if config.uses_critic
         else (None, frozenset[ModelPart]())
     )
     engine: RolloutEngine | None = None
-    if reward is not None:
+    if split is None:
         stack = rollout_stack(
             config,
             info,
@@ -286,6 +291,10 @@ def trainer_after_start(
         critic=critic,
         critic_offload=critic_offload,
         watch=watch,
+        teacher=teacher_model,
+        # like the reference: out of the engine's way except during its own pass
+        offload_teacher=config.enable_engine_sleep
+        and ModelPart.PARAMETERS in backend.capabilities.offload,
     )
     sampler = DistributedPromptSampler(
         num_samples=len(train_data),
@@ -301,6 +310,8 @@ def trainer_after_start(
         sampler=sampler,
         seeds=RolloutSeeds(seed=config.seed, rank=info.rank, tp_size=config.engine_tp_size),
         n=config.n_samples_per_prompt,
+        task_reward=not config.no_task_reward,
+        process=process,
     )
     rollout: Rollout = (
         _rollout(config, parts, tokenizer, watch)
@@ -317,6 +328,7 @@ def trainer_after_start(
             total=config.planned_iterations(sampler.batches_per_epoch),
             eval_every=config.eval_steps,
             watch=watch,
+            process=process,
         )
     )
     pretrain = config.pretrain
@@ -356,6 +368,7 @@ def trainer_after_start(
             watch=watch,
             export=export if config.save_hf_model else None,
             device=backend.device,
+            teacher=make_teacher(config, teacher_model, maker.logprobs),
         ),
     )
 

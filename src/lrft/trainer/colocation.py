@@ -2,10 +2,11 @@
 
 Training and rollout share each rank's device. :class:`Colocation` owns the order of the phases
 that move memory (docs/trainer.md, "One iteration"): wake the engine, generate, put the engine
-to sleep, rewards (the rollout's last step: reward models are reloaded, then offloaded), actor
-logprobs, reference logprobs (reloading the reference model, then offloading it), critic
-values, advantages, policy epochs (reloading the optimizer state first when it is
-offloaded), critic epochs, weight sync into the engine. The critic phases run only for value-based
+to sleep, rewards (the rollout's last step: reward models are reloaded, then offloaded), process
+rewards (a process reward model, reloaded then offloaded the same way), actor logprobs,
+reference logprobs (reloading the reference model, then offloading it), teacher logprobs (the
+distillation teacher, likewise), critic values, advantages, policy epochs (reloading the
+optimizer state first when it is offloaded), critic epochs, weight sync into the engine. The critic phases run only for value-based
 estimators; the critic's offloaded parts come back for its two phases and leave again after
 them. It logs device memory at each phase boundary.
 """
@@ -37,8 +38,10 @@ T = TypeVar("T")
 PHASES = (
     "generate",
     "rewards",
+    "process_rewards",
     "actor_logprobs",
     "reference_logprobs",
+    "teacher_logprobs",
     "critic_values",
     "advantages",
     "policy",
@@ -47,6 +50,11 @@ PHASES = (
 )
 CRITIC_PHASES = frozenset({"critic_values", "critic"})
 """The phases that run only when a critic is trained (value-based estimators)."""
+TEACHER_PHASES = frozenset({"teacher_logprobs"})
+"""The phase that runs only with a distillation teacher."""
+PROCESS_REWARD_PHASES = frozenset({"process_rewards"})
+"""The phase that runs only with a process reward model."""
+OPTIONAL_PHASES = CRITIC_PHASES | TEACHER_PHASES | PROCESS_REWARD_PHASES
 
 
 def device_memory_mb(device: torch.device) -> float:
@@ -62,7 +70,8 @@ class Colocation:
     ``sleep_level``: the engine sleeps at this level after generating (``None``: stays awake).
     ``engine``: ``None`` on the trainer ranks of a split placement, which hold no engine: the
     weight sync then sends to the rollout ranks' (a ``SplitWeightSync``).
-    ``offload_reference``: the reference model lives on the host except during its pass.
+    ``offload_reference``: the reference model lives on the host except during its pass;
+    ``teacher`` and ``offload_teacher`` likewise for a distillation teacher scored in process.
     ``offload_optimizer``: the actor's optimizer state lives on the host except during the
     policy phase. ``critic_offload``: the parts of the critic (value-based estimators) that live
     on the host except during its values pass (parameters) and its epochs (all of them). ``watch``
@@ -87,6 +96,8 @@ class Colocation:
         critic: TrainableModel | None = None,
         critic_offload: Collection[ModelPart] = (),
         watch: PhaseWatch | None = None,
+        teacher: FrozenModel | None = None,
+        offload_teacher: bool = False,
     ) -> None:
         self.engine = engine
         self.watch = watch
@@ -99,10 +110,14 @@ class Colocation:
         self.offload_optimizer = offload_optimizer
         self.critic = critic
         self.critic_offload = tuple(critic_offload) if critic is not None else ()
+        self.teacher = teacher
+        self.offload_teacher = offload_teacher and teacher is not None
         self.records: dict[str, float] = {}
         self.order: list[str] = []
         if self.offload_reference and reference is not None:
             reference.offload([ModelPart.PARAMETERS])
+        if self.offload_teacher and teacher is not None:
+            teacher.offload([ModelPart.PARAMETERS])
         if offload_optimizer:
             actor.offload([ModelPart.OPTIMIZER])
         if critic is not None and self.critic_offload:
@@ -190,6 +205,18 @@ class Colocation:
             finally:
                 if self.offload_reference:
                     self.reference.offload([ModelPart.PARAMETERS])
+
+    def teacher_pass(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (the teacher's logprobs) with the teacher model's parameters reloaded
+        when it is one this rank holds; a teacher service has nothing to move."""
+        with self.phase("teacher_logprobs"):
+            if self.offload_teacher and self.teacher is not None:
+                self.teacher.reload([ModelPart.PARAMETERS])
+            try:
+                return fn()
+            finally:
+                if self.offload_teacher and self.teacher is not None:
+                    self.teacher.offload([ModelPart.PARAMETERS])
 
     def critic_pass(self, fn: Callable[[TrainableModel], T]) -> T | None:
         """Run ``fn`` on the critic with its parameters reloaded; ``None`` without a critic."""

@@ -23,6 +23,7 @@ from lrft.algo import (
     overlong_penalty,
     scale_logits,
     token_kl,
+    with_teacher,
 )
 from lrft.api.errors import LrftError
 from lrft.api.protocols import FrozenModel, RolloutEngine
@@ -337,6 +338,7 @@ class ExperienceMaker:
         engine_logprobs: Tensor | None = None,
         token_rewards: Tensor | None = None,
         weight_versions: Tensor | None = None,
+        teacher_logprobs: Tensor | None = None,
     ) -> ExperienceBatch:
         """Advantages in one normalisation stage, with DP-global whitening statistics.
 
@@ -347,7 +349,8 @@ class ExperienceMaker:
         episode's turn rewards, each at its turn's last token) instead of each score at its
         response's last token; ``scores`` are then their sums, which outcome estimators (GRPO)
         compare. ``weight_versions``: (B,) the version of the weights that generated each row,
-        carried into the replay buffer.
+        carried into the replay buffer. ``teacher_logprobs``: a distillation teacher's (B, T)
+        logprobs of the sampled tokens, read with ``old_logprobs`` (the student's).
         """
         mask = sequences.action_mask
         if token_rewards is not None:
@@ -382,6 +385,9 @@ class ExperienceMaker:
                 batch = RewardBatch.from_token_rewards(
                     penalized, mask, group_size=self.sampling.n, values=values
                 )
+        if teacher_logprobs is not None:
+            batch, distilled = with_teacher(batch, old_logprobs, teacher_logprobs)
+            metrics.update(distilled)
         advantages = compute_advantages(
             self.estimator, batch, self.advantage_params, reduce_moments=all_gather_moments
         )

@@ -291,7 +291,7 @@ def needs_old_logprob_pass(config: TrainConfig, actor: torch.nn.Module) -> bool:
     forward then runs on the parameters the separate pass would have used, so its logprobs,
     detached, are the old ones (the ratio is exactly 1 at that forward). The pass is still made
     when something reads the old logprobs before or outside the update (the KL against a
-    reference model, saved trajectories), or when dropout would make the training forward
+    reference model, a distillation teacher, saved trajectories), or when dropout would make the training forward
     differ from the evaluation-mode pass.
     """
     on_policy = (
@@ -299,6 +299,8 @@ def needs_old_logprob_pass(config: TrainConfig, actor: torch.nn.Module) -> bool:
         and config.train_batch_size == config.samples_per_rollout
         and config.init_kl_coef == 0.0
         and not config.save_trajectories
+        # the distillation advantage reads the student's logprobs before the update
+        and not config.uses_teacher
     )
     return not on_policy or _has_dropout(actor)
 

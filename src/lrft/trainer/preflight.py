@@ -1,6 +1,8 @@
 """The checks a training run passes before any process group starts: its settings against the
-files and models they name (a resume's checkpoint, the reward's sources, the LoRA targets, the
-environment and its tools). Each raises ``ConfigError`` naming the setting."""
+files and models they name (a resume's checkpoint, the reward's sources, a distillation teacher
+or a process reward model and its tokenizer, the LoRA targets, the environment and its tools,
+the families of the models whose rows are packed). Each raises ``ConfigError`` naming the
+setting."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from lrft.models.packed_attention import check_packing_support
 from lrft.run import checkpoint as ckpt
 from lrft.run.resume import check_resume_settings, checkpoint_to_resume
 from lrft.trainer.episodes import environment_setup
+from lrft.trainer.process_rewards import check_process_reward_model
 from lrft.trainer.rewards import check_reward_settings
+from lrft.trainer.teacher import check_teacher_settings
 
 
 def check_before_start(config: TrainConfig) -> None:
@@ -33,7 +37,15 @@ def check_before_start(config: TrainConfig) -> None:
         _check_splits(config, problems)
         if models_ok:
             problems.check_each(
-                (_check_system_prompt, _check_lora, _check_environment, _check_packing), config
+                (
+                    _check_system_prompt,
+                    check_teacher_settings,
+                    check_process_reward_model,
+                    _check_lora,
+                    _check_environment,
+                    _check_packing,
+                ),
+                config,
             )
 
 
@@ -98,9 +110,10 @@ def _check_environment(config: TrainConfig) -> None:
 
 
 def _check_packing(config: TrainConfig) -> None:
-    """Every model the trainer packs rows for (actor and reference, critic, reward models) is of
-    a family lrft packs, and the actor's and critic's heads split over the sequence-parallel
-    group (reward models score each rank's own rows, unsplit)."""
+    """Every model the trainer packs rows for (actor and reference, a distillation teacher,
+    critic, reward models, a process reward model) is of a family lrft packs, and the heads of
+    the actor, the teacher and the critic split over the sequence-parallel group (reward models
+    score each rank's own rows, unsplit)."""
     if not config.packing_samples:
         return
     assert config.pretrain is not None
@@ -108,7 +121,12 @@ def _check_packing(config: TrainConfig) -> None:
     if config.uses_critic:
         critic = config.critic_pretrain if config.critic_pretrain is not None else config.pretrain
         models.append(("critic_pretrain", critic, config.sequence_parallel_size))
+    if config.teacher_pretrain is not None:
+        # scored by the same packed (and split) forward as the reference model
+        models.append(("teacher_pretrain", config.teacher_pretrain, config.sequence_parallel_size))
     models += [("reward_pretrain", path, 1) for path in config.reward_pretrain]
+    if config.prm_pretrain is not None:
+        models.append(("prm_pretrain", config.prm_pretrain, 1))
     for flag, path, split in models:
         try:
             check_packing_support(AutoConfig.from_pretrained(path), split)

@@ -20,16 +20,17 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 import torch
-import torch.distributed as dist
 
 from lrft.api.errors import ConfigError
 from lrft.api.protocols import FrozenModel, TrainBackend
 from lrft.api.types import ModelPart
 from lrft.config import TrainConfig
 from lrft.data import PromptDataset
+from lrft.dist import max_over_ranks
 from lrft.models.packed_attention import use_packed_attention
 from lrft.rewards import (
     CombinedReward,
@@ -133,14 +134,6 @@ def _num_labels(model_config: dict[str, object]) -> int:
     return int(value) if isinstance(value, int) else 2
 
 
-def _max_over_ranks(count: int, device: torch.device) -> int:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return count
-    tensor = torch.tensor([count], dtype=torch.int64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor.item())
-
-
 _FILLER = RewardSample(prompt="0", response="0")
 """Scored, then dropped, on a rank with no samples while others have some."""
 
@@ -168,7 +161,7 @@ class ColocatedRewardModel:
     def __call__(self, samples: Sequence[RewardSample]) -> RewardOutput:
         count = len(samples)
         try:
-            target = _max_over_ranks(count, self.device)
+            target = max_over_ranks(count, self.device)
         except Exception as error:
             # A RewardError: compute_rewards must not retry sample by sample, a collective alone.
             raise RewardError(
@@ -191,6 +184,18 @@ class ColocatedRewardModel:
         )
 
 
+def load_every_weight(auto_class: Any, path: str, *, flag: str, rule: str) -> Any:
+    """``auto_class.from_pretrained(path)`` in fp32; a weight the folder lacks is a
+    ``ConfigError`` naming ``flag``, the weights and ``rule``."""
+    model, info = auto_class.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+    if info["missing_keys"]:
+        # transformers would start the missing weights (a head) at random: scores of noise
+        raise ConfigError(
+            f"{flag} {path!r} lacks the weights {sorted(info['missing_keys'])[:5]}: {rule}"
+        )
+    return model
+
+
 def load_reward_model(
     path: str, *, name: str, backend: TrainBackend, config: TrainConfig
 ) -> ColocatedRewardModel:
@@ -198,15 +203,9 @@ def load_reward_model(
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model, info = AutoModelForSequenceClassification.from_pretrained(
-        path, dtype=torch.float32, output_loading_info=True
+    model = load_every_weight(
+        AutoModelForSequenceClassification, path, flag="reward_pretrain", rule=SCORE_HEAD_RULE
     )
-    if info["missing_keys"]:
-        # transformers would start the missing weights (a score head) at random: a reward of noise
-        raise ConfigError(
-            f"reward_pretrain {path!r} lacks the weights {sorted(info['missing_keys'])[:5]}: "
-            f"{SCORE_HEAD_RULE}"
-        )
     if model.config.pad_token_id is None:
         # Micro-batches are right-padded; the head reads the last token that is not padding.
         pad = (
@@ -305,3 +304,14 @@ def build_reward(config: TrainConfig, backend: TrainBackend, labels: Iterable[st
         return CombinedReward(routes=routes)
     except ValueError as error:  # two rewards under one name: their metrics would mix
         raise ConfigError(f"the rewards cannot be combined: {error}") from error
+
+
+def task_reward(
+    config: TrainConfig, backend: TrainBackend, labels: Iterable[str]
+) -> RewardFn | None:
+    """:func:`build_reward`'s reward, or ``None`` for a run that scores no sample with one:
+    ``no_task_reward`` with no reward given (on-policy distillation from the teacher alone,
+    which evaluates nothing)."""
+    if config.no_task_reward and config.reward_count == 0:
+        return None
+    return build_reward(config, backend, labels)

@@ -34,6 +34,7 @@ from lrft.rewards import RewardOutput
 from lrft.trainer.colocation import Colocation
 from lrft.trainer.episodes import EpisodeBatch, EpisodeRunner, with_returns
 from lrft.trainer.experience import ExperienceMaker, pack_engine_logprobs
+from lrft.trainer.process_rewards import ProcessRewards, process_token_rewards
 from lrft.trainer.sampling import Refill, ScoredGroups, continuation_seed, refill_groups
 from lrft.trainer.sequences import Sequences, pack, row_media
 
@@ -51,7 +52,7 @@ class RolloutBatch:
     ``sequences``: prompt and response tokens as the logprob passes read them. ``rewards``: the
     score of each trained row (an episode's: with its environment return) with the reward's
     metrics; ``shaped``: (B,) what the advantages see. ``token_rewards``: (B, T) per-token
-    rewards (an episode's turns), or ``None``. ``engine_logprobs``: (B, T) the engine's own
+    rewards (an episode's turns; process rewards' steps with the outcome), or ``None``. ``engine_logprobs``: (B, T) the engine's own
     logprobs of the response tokens when the sampling asked for them (truncated importance
     sampling), else ``None``. ``generated``: the reward of every response generated, trained or
     not (what the step's reward metrics report). ``metrics``: the mode's own counters.
@@ -113,10 +114,26 @@ class RolloutSeeds:
         return seed if round_index == 0 else continuation_seed(seed + round_index * (1 << 62))
 
 
+def training_rewards(
+    maker: ExperienceMaker,
+    prompts: Sequence[PromptSample],
+    results: Sequence[GenerationResult],
+    n: int,
+    task_reward: bool,
+) -> RewardOutput:
+    """The reward of each training sample (``n`` per prompt): the maker's, or 0 for each when
+    the task reward is off (``no_task_reward``; evaluation still scores)."""
+    if not task_reward:
+        return RewardOutput(scores=[0.0] * len(results))
+    return maker.rate(prompts, results, n)
+
+
 @attrs.frozen(kw_only=True, eq=False)
 class RolloutParts:
     """What every mode reads: the phases, the experience maker (engine, reward, sampling), the
-    prompts and their sampler, the seeds, and the group size ``n``."""
+    prompts and their sampler, the seeds, and the group size ``n``. ``task_reward``: whether
+    training samples are scored by the reward (``--no_task_reward`` turns it off; evaluation
+    always scores)."""
 
     colocation: Colocation
     maker: ExperienceMaker
@@ -124,9 +141,27 @@ class RolloutParts:
     sampler: DistributedPromptSampler
     seeds: RolloutSeeds
     n: int
+    task_reward: bool = True
+    process: ProcessRewards | None = None
+    """The process reward model's token rewards (``--prm_pretrain``), or ``None``."""
+
+    def rate(
+        self, prompts: Sequence[PromptSample], results: Sequence[GenerationResult]
+    ) -> RewardOutput:
+        """The reward of each training sample (``n`` per prompt), in the ``rewards`` phase."""
+        return self.colocation.plain(
+            "rewards",
+            lambda: training_rewards(self.maker, prompts, results, self.n, self.task_reward),
+        )
 
     def next_prompts(self) -> Sequence[PromptSample]:
         return self.data.select(self.sampler.next_batch().indices)
+
+    def token_rewards(
+        self, sequences: Sequences, shaped: Tensor
+    ) -> tuple[Tensor | None, dict[str, float]]:
+        """The process rewards' token rewards and metrics (:func:`process_token_rewards`)."""
+        return process_token_rewards(self.colocation, self.process, sequences, shaped)
 
     def params(self, step: int, round_index: int = 0) -> SamplingParams:
         return attrs.evolve(self.maker.sampling, seed=self.seeds(step, round_index))
@@ -167,19 +202,20 @@ class SingleTurnRollout(_FromTheSampler):
         prompts = parts.next_prompts()
         params = parts.params(step)
         results = col.rollout(lambda: maker.generate(prompts, params))
-        rewards = col.plain("rewards", lambda: maker.rate(prompts, results, n))
+        rewards = parts.rate(prompts, results)
         sequences = pack(results, media=row_media(prompts, n))
         shaped = maker.shape(rewards.scores_tensor(), sequences.action_mask.sum(-1))
+        token_rewards, metrics = parts.token_rewards(sequences, shaped)
         return RolloutBatch(
             prompts=prompts,
             results=results,
             sequences=sequences,
             rewards=rewards,
             shaped=shaped,
-            token_rewards=None,
+            token_rewards=token_rewards,
             engine_logprobs=parts.engine_logprobs(results, sequences.action_mask.shape[1]),
             generated=rewards,
-            metrics={},
+            metrics=metrics,
         )
 
     def eval_scores(self, prompts: Sequence[PromptSample], params: SamplingParams) -> Tensor:
@@ -197,12 +233,12 @@ class RefillRollout(_FromTheSampler):
         self.watch = watch
 
     def _round(self, step: int, round_index: int) -> ScoredGroups:
-        parts, col, maker, n = self.parts, self.parts.colocation, self.parts.maker, self.parts.n
+        parts, col, maker = self.parts, self.parts.colocation, self.parts.maker
         prompts = parts.next_prompts()
         params = parts.params(step, round_index)
         # Level 1 at most: another round may follow, and level 2 would leave it stale weights.
         results = col.rollout(lambda: maker.generate(prompts, params), sleep_level=1)
-        rewards = col.plain("rewards", lambda: maker.rate(prompts, results, n))
+        rewards = parts.rate(prompts, results)
         lengths = torch.tensor([len(result.output_token_ids) for result in results])
         shaped = maker.shape(rewards.scores_tensor(), lengths)
         return ScoredGroups(prompts=prompts, results=results, rewards=rewards, shaped=shaped)
@@ -221,16 +257,17 @@ class RefillRollout(_FromTheSampler):
         batch = refill.batch
         prompts, results = list(batch.prompts), list(batch.results)
         sequences = pack(results, media=row_media(prompts, self.parts.n))
+        token_rewards, metrics = self.parts.token_rewards(sequences, batch.shaped)
         return RolloutBatch(
             prompts=prompts,
             results=results,
             sequences=sequences,
             rewards=batch.rewards,
             shaped=batch.shaped,
-            token_rewards=None,
+            token_rewards=token_rewards,
             engine_logprobs=self.parts.engine_logprobs(results, sequences.action_mask.shape[1]),
             generated=refill.generated,
-            metrics=refill.metrics,
+            metrics={**refill.metrics, **metrics},
         )
 
     def eval_scores(self, prompts: Sequence[PromptSample], params: SamplingParams) -> Tensor:
@@ -247,12 +284,12 @@ class EpisodeRollout(_FromTheSampler):
         self.runner = runner
 
     def collect(self, step: int) -> RolloutBatch:
-        parts, col, maker, n = self.parts, self.parts.colocation, self.parts.maker, self.parts.n
+        parts, col, maker = self.parts, self.parts.colocation, self.parts.maker
         prompts = parts.next_prompts()
         params = parts.params(step)
         episodes = col.rollout(lambda: self.runner.run(prompts, params))
         results = episodes.answers
-        scored = col.plain("rewards", lambda: maker.rate(prompts, results, n))
+        scored = parts.rate(prompts, results)
         rewards = with_returns(scored, episodes)
         return RolloutBatch(
             prompts=prompts,

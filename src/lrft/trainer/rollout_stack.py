@@ -70,7 +70,7 @@ def experience_maker(
 @attrs.frozen(kw_only=True, eq=False)
 class RolloutStack:
     """What generates and scores: the engine serving the policy on this rank, its TP group
-    (``None`` at TP 1), and the experience maker around them and the reward."""
+    (``None`` at TP 1), and the experience maker around them and the reward (if any)."""
 
     engine: RolloutEngine
     tp_group: ProcessGroup | None
@@ -82,7 +82,7 @@ def rollout_stack(
     info: RankInfo,
     *,
     pretrain: str,
-    reward: RewardFn,
+    reward: RewardFn | None,
     tokenizer: PreTrainedTokenizerBase,
     device: torch.device,
     samples_per_prompt: int | None = None,
@@ -90,7 +90,8 @@ def rollout_stack(
     """The engine serving ``pretrain``, its TP group and the experience maker, as ``lrft
     train`` and ``lrft eval`` both build them; the engine's batches hold
     ``micro_rollout_batch_size`` prompts of ``samples_per_prompt`` responses (default:
-    ``n_samples_per_prompt``). Collective over the default group."""
+    ``n_samples_per_prompt``). ``reward``: ``None`` for a run that scores no sample
+    (``no_task_reward`` without a reward). Collective over the default group."""
     engine = rollout_engine(pretrain, config, info, samples_per_prompt=samples_per_prompt)
     tp_group = None
     if config.engine_tp_size > 1:

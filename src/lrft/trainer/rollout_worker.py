@@ -1,10 +1,11 @@
 """The rollout ranks of the split placement: take the trainer's weights, generate, score, send.
 
 A :class:`RolloutWorker` holds an engine (in its TP group), the reward and the prompts, and no
-optimizer state. It follows :func:`lrft.trainer.split_plan.rollout_events`: it takes part in
-every weight sync the trainer makes (``broadcast``), scores the held-out prompts whenever the
-trainer evaluates, and generates each batch as soon as the weights it may use have arrived, so
-that with ``max_staleness`` K >= 1 it generates up to K batches ahead while the trainer trains.
+optimizer state; a distillation teacher and a process reward model are the trainer ranks'. It
+follows :func:`lrft.trainer.split_plan.rollout_events`: it takes part in every weight sync the
+trainer makes (``broadcast``), scores the held-out prompts whenever the trainer evaluates, and
+generates each batch as soon as the weights it may use have arrived, so that with
+``max_staleness`` K >= 1 it generates up to K batches ahead while the trainer trains.
 Each batch goes to the trainer's sender as one :class:`~lrft.trainer.split_plan.RolloutShare`
 per rollout rank, posted without waiting for the trainer to take it (at most K + 1 in flight).
 
@@ -28,7 +29,7 @@ from lrft.dist import PhaseWatch, SplitGroups
 from lrft.dist.span import Pending, SpanGroup
 from lrft.dist.split import SENDER
 from lrft.trainer.experience import ExperienceMaker
-from lrft.trainer.rollout import RolloutSeeds
+from lrft.trainer.rollout import RolloutSeeds, training_rewards
 from lrft.trainer.split_plan import (
     BATCH_TAG,
     EVAL_TAG,
@@ -57,6 +58,9 @@ class WorkerParts:
     n: int
     max_staleness: int
     watch: PhaseWatch
+    task_reward: bool = True
+    """Whether training samples are scored (``no_task_reward`` turns it off; evaluation still
+    scores)."""
 
 
 class RolloutWorker:
@@ -122,7 +126,7 @@ class RolloutWorker:
             results = parts.maker.generate(prompts, params)
         generated = time.perf_counter()
         with watch.phase("rewards"):
-            rewards = parts.maker.rate(prompts, results, parts.n)
+            rewards = training_rewards(parts.maker, prompts, results, parts.n, parts.task_reward)
         share = RolloutShare.of(
             batch=batch,
             version=self.version,

@@ -22,7 +22,7 @@ from lrft.data import DistributedPromptSampler
 from lrft.dist import PhaseWatch, RankInfo, SplitGroups, SplitLayout, init_split_distributed
 from lrft.trainer.build import build_trainer, prepare_run, prompt_sets, trainer_after_start
 from lrft.trainer.components import rollout_engine, train_backend, weight_sync
-from lrft.trainer.rewards import build_reward, data_labels
+from lrft.trainer.rewards import data_labels, task_reward
 from lrft.trainer.rollout import RolloutSeeds
 from lrft.trainer.rollout_stack import decoder, experience_maker
 from lrft.trainer.rollout_worker import RolloutWorker, WorkerParts
@@ -91,7 +91,7 @@ def rollout_worker(
     mine = role_info(info, layout)
     prompts = prompt_sets(config)
     # Reward models are sharded over the rollout ranks only; they hold no optimizer state.
-    reward = build_reward(
+    reward = task_reward(
         config, train_backend(config, mine), data_labels([prompts.train, prompts.eval])
     )
     # The engine sizes its memory share by the ranks of the whole host (vllm on CPU).
@@ -126,5 +126,6 @@ def rollout_worker(
             n=config.n_samples_per_prompt,
             max_staleness=config.staleness_bound,
             watch=watch,
+            task_reward=not config.no_task_reward,
         )
     )

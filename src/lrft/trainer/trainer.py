@@ -12,6 +12,7 @@ from typing import Any
 import attrs
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 import lrft
 from lrft.algo import AdaptiveKLController, KLController, RunningMoments
@@ -34,6 +35,8 @@ from lrft.trainer.policy import PolicyUpdate
 from lrft.trainer.records import RunRecords
 from lrft.trainer.replay import ReplayBuffer
 from lrft.trainer.rollout import Rollout, RolloutBatch
+from lrft.trainer.sequences import Sequences
+from lrft.trainer.teacher import Teacher
 from lrft.trainer.trajectories import sample_records
 from lrft.trainer.trajectory_pages import group_pictures
 
@@ -78,6 +81,9 @@ class TrainerParts:
     watch: PhaseWatch
     export: Callable[[Path], None] | None
     device: torch.device
+    teacher: Teacher | None = None
+    """The distillation teacher, scored in its own phase; ``None`` unless the estimator reads
+    one."""
 
 
 class RLTrainer:
@@ -159,6 +165,7 @@ class RLTrainer:
             else None
         )
         ref = col.reference_pass(lambda model: maker.logprobs(model, sequences))
+        taught = self._teacher_logprobs(sequences)
         values = col.critic_pass(
             lambda model: critic_values(
                 model,
@@ -180,6 +187,7 @@ class RLTrainer:
                 engine_logprobs=batch.engine_logprobs,
                 token_rewards=batch.token_rewards,
                 weight_versions=batch.weight_versions,
+                teacher_logprobs=taught,
             ),
         )
         self.buffer.clear()
@@ -207,6 +215,14 @@ class RLTrainer:
             metrics = mean_over_ranks(local)
         self._adapt_kl(metrics)
         return metrics
+
+    def _teacher_logprobs(self, sequences: Sequences) -> Tensor | None:
+        """The teacher's logprobs of the samples, in the ``teacher_logprobs`` phase; ``None``
+        without a teacher."""
+        teacher = self.parts.teacher
+        if teacher is None:
+            return None
+        return self.colocation.teacher_pass(lambda: teacher.logprobs(sequences))
 
     def _sample_metrics(self, batch: RolloutBatch) -> dict[str, float]:
         # Over every response generated: under dynamic sampling the trained batch is a filtered

@@ -6,6 +6,7 @@ the GPU against the CPU results (the trainer feeds these functions GPU tensors).
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 from torch import Tensor
@@ -52,8 +53,12 @@ def _run_all(device: str) -> dict[str, Tensor]:
     t = {k: v.to(device) for k, v in _inputs().items()}
     mask = t["mask"]
     out: dict[str, Tensor] = {}
-    batch = RewardBatch.from_token_rewards(
-        t["rewards"], mask, group_ids=t["groups"], values=t["values"]
+    batch = attrs.evolve(
+        RewardBatch.from_token_rewards(
+            t["rewards"], mask, group_ids=t["groups"], values=t["values"]
+        ),
+        logprobs=t["old"],
+        teacher_logprobs=t["old"] + t["delta"],
     )
     for name in advantage_estimators.names():
         out[f"adv/{name}"] = compute_advantages(name, batch, AdvantageParams(gamma=0.9)).advantages

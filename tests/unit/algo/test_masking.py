@@ -3,6 +3,7 @@ output, no loss and no gradient, and masked positions get exactly zero gradient.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 from hypothesis import given
@@ -44,16 +45,18 @@ def test_advantages_ignore_padding(
     rows = 2 * groups
     rewards = data.draw(matrices(rows, cols))
     values = data.draw(matrices(rows, cols))
+    student, teacher = data.draw(matrices(rows, cols)), data.draw(matrices(rows, cols))
     mask = data.draw(masks(rows, cols))
     params = AdvantageParams(gamma=0.9, lambd=0.8)
 
-    def run(r: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def run(r: Tensor, v: Tensor, s: Tensor, t: Tensor) -> tuple[Tensor, Tensor]:
         batch = RewardBatch.from_token_rewards(r, mask, group_size=2, values=v)
+        batch = attrs.evolve(batch, logprobs=s, teacher_logprobs=t)
         out = compute_advantages(name, batch, params)
         return out.advantages, out.returns
 
-    clean = run(rewards, values)
-    dirty = run(scramble(rewards, mask, junk), scramble(values, mask, junk))
+    clean = run(rewards, values, student, teacher)
+    dirty = run(*(scramble(m, mask, junk) for m in (rewards, values, student, teacher)))
     for a, b in zip(clean, dirty, strict=True):
         assert torch.equal(a, b)
         assert bool((a[~mask] == 0).all())

@@ -30,11 +30,14 @@ def _batch(rows: int = 4, cols: int = 3) -> RewardBatch:
     generator = torch.Generator().manual_seed(0)
     mask = torch.ones(rows, cols, dtype=torch.bool)
     mask[1, 2] = False
-    return RewardBatch.from_token_rewards(
-        torch.rand(rows, cols, generator=generator, dtype=torch.float64) * 3,
-        mask,
-        group_size=2,
+    return RewardBatch(
+        token_rewards=torch.rand(rows, cols, generator=generator, dtype=torch.float64) * 3,
+        action_mask=mask,
+        group_ids=torch.arange(rows) // 2,
         values=torch.rand(rows, cols, generator=generator, dtype=torch.float64),
+        # what the distillation estimators read: the student's and a teacher's logprobs
+        logprobs=-torch.rand(rows, cols, generator=generator, dtype=torch.float64) * 2,
+        teacher_logprobs=-torch.rand(rows, cols, generator=generator, dtype=torch.float64) * 2,
     )
 
 

@@ -56,8 +56,8 @@ def _builtin(registry: Registry[Any]) -> tuple[str, ...]:
 
 def test_builtin_names() -> None:
     assert _builtin(advantage_estimators) == (
-        "cpgd", "dr_grpo", "gae", "group_norm", "reinforce", "reinforce++",
-        "reinforce_baseline", "rloo",
+        "cpgd", "dr_grpo", "gae", "group_norm", "on_policy_distillation",
+        "on_policy_distillation_hybrid", "reinforce", "reinforce++", "reinforce_baseline", "rloo",
     )  # fmt: skip
     assert _builtin(policy_losses) == ("cpgd", "gmpo", "gspo", "ppo")
     assert _builtin(kl_estimators) == ("k1", "k2", "k3", "low_var_kl")
@@ -74,6 +74,7 @@ def test_builtin_declarations() -> None:
     assert whiten == {
         "gae": True, "reinforce++": True, "reinforce_baseline": True, "reinforce": False,
         "rloo": False, "group_norm": False, "dr_grpo": False, "cpgd": False,
+        "on_policy_distillation": False, "on_policy_distillation_hybrid": False,
     }  # fmt: skip
     assert [s.name for s in advantage_estimators if s.needs_values] == ["gae"]
     assert {s.name for s in policy_losses if s.sequence_level} == {"gspo", "gmpo"}
@@ -178,6 +179,7 @@ _ALTERNATIVES: dict[str, tuple[object, object]] = {
     "lambd": (1.0, 0.5),
     "group_std_eps": (1e-6, 0.5),
     "cpgd_weight": ("std", "equal"),
+    "opd_kl_coef": (1.0, 0.5),
 }
 
 
@@ -193,6 +195,11 @@ def test_builtin_estimators_read_exactly_the_parameters_they_declare(name: str) 
         mask,
         group_size=2,
         values=torch.tensor([[0.5, 0.1, 0.2]]).expand(4, 3),
+    )
+    batch = attrs.evolve(
+        batch,
+        logprobs=torch.tensor([[-0.5, -1.0, -2.0]]).expand(4, 3),
+        teacher_logprobs=torch.tensor([[-1.5, -0.25, -2.0]]).expand(4, 3),
     )
     for field, (first, second) in _ALTERNATIVES.items():
         a = spec.fn(batch, AdvantageParams(**{field: first}))  # type: ignore[arg-type]

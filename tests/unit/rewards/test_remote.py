@@ -328,5 +328,6 @@ def test_without_httpx_the_package_imports_and_the_error_names_the_install(
 
     monkeypatch.setitem(sys.modules, "httpx", None)  # None in sys.modules: "not installed"
     monkeypatch.delitem(sys.modules, "lrft.rewards.remote")
+    monkeypatch.delitem(sys.modules, "lrft.rewards.http_service")
     with pytest.raises(ImportError, match=r"RemoteReward needs httpx: pip install 'httpx>=0.28'"):
         lrft.rewards.RemoteReward  # noqa: B018  (the attribute access is what is tested)

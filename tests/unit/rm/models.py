@@ -39,3 +39,17 @@ def save_with_tokenizer(model: torch.nn.Module, directory: Path) -> Path:
     model.save_pretrained(directory)  # type: ignore[operator]  # a transformers model
     build_tokenizer().save_pretrained(directory)
     return directory
+
+
+def tiny_token_classifier(seed: int = 0, labels: int = 1) -> torch.nn.Module:
+    """A random Qwen2 token classifier (a process reward model) over the demo tokenizer."""
+    from transformers import Qwen2ForTokenClassification
+
+    config = tiny_qwen2_config(vocab_size=VOCAB_SIZE)
+    config.num_labels = labels
+    config.pad_token_id = PAD_ID
+    config.initializer_range = INITIALIZER_RANGE
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model: torch.nn.Module = Qwen2ForTokenClassification(config)  # type: ignore[no-untyped-call]  # unannotated in transformers
+    return model

@@ -44,6 +44,9 @@ def _non_default(name: str) -> list[str]:
         "eval_steps": ["--eval_dataset=e.jsonl", "--eval_steps=7"],
         # off for a run of one's own model (on for the demo, when tensorboard is installed)
         "use_tensorboard": ["--use_tensorboard"],
+        "step_separator": ["--step_separator=;"],
+        "steps_key": ["--step_separator=;", "--steps_key=x"],
+        "step_labels_key": ["--step_separator=;", "--step_labels_key=x"],
     }
     if name in special:
         return special[name]
@@ -80,6 +83,9 @@ def test_every_flag_changes_its_field_and_is_read() -> None:
         (["--margin_key=m", "--generative"], r"margin_key 'm' applies to scalar training"),
         (["--chosen_key=c", "--generative"], r"chosen_key 'c' applies to scalar training"),
         (["--verdict_key=v"], r"verdict_key 'v' applies to --generative"),
+        (["--steps_key=s"], r"steps_key 's' applies to --step_separator"),
+        (["--step_separator=;", "--generative"], r"step_separator trains a process reward model"),
+        (["--step_separator=;", "--chosen_key=c"], r"chosen_key 'c' applies to preference pairs"),
         (
             ["--grm_template=pairwise-boxed"],
             r"grm_template 'pairwise-boxed' applies to --generative",

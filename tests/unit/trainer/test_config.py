@@ -359,6 +359,23 @@ def _non_default(name: str) -> list[str]:
         },
         # sequence parallelism splits packed rows
         "sequence_parallel_size": ["--packing_samples", "--sequence_parallel_size=2"],
+        # a distillation estimator has a teacher; the service's settings need the service; the
+        # process reward model and its separator go together
+        **{
+            name: ["--advantage_estimator=on_policy_distillation", *value]
+            for name, value in {
+                "teacher_pretrain": ["--teacher_pretrain=t"],
+                "opd_kl_coef": ["--teacher_pretrain=t", "--opd_kl_coef=0.5"],
+                "no_task_reward": ["--teacher_pretrain=t", "--no_task_reward"],
+                "teacher_url": [TEACHER_URL],
+                "teacher_protocol": [TEACHER_URL, "--teacher_protocol=sglang"],
+                "teacher_auth_env": [TEACHER_URL, "--teacher_auth_env=TEACHER_TOKEN"],
+                "teacher_timeout_s": [TEACHER_URL, "--teacher_timeout_s=5"],
+                "teacher_max_attempts": [TEACHER_URL, "--teacher_max_attempts=2"],
+            }.items()
+        },
+        "prm_pretrain": ["--prm_pretrain=prm", "--prm_step_separator=;"],
+        "prm_step_separator": ["--prm_pretrain=prm", "--prm_step_separator=;"],
     }
     if name in special:
         return special[name]
@@ -371,6 +388,9 @@ def _non_default(name: str) -> list[str]:
     if flag.kind is float:
         return [f"--{name}={0.5 if default != 0.5 else 0.25}"]
     return [f"--{name}=x"]
+
+
+TEACHER_URL = "--teacher_url=http://127.0.0.1:9/teacher"
 
 
 def test_every_flag_changes_its_config_field(monkeypatch: pytest.MonkeyPatch) -> None:

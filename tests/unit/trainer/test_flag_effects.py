@@ -52,6 +52,7 @@ LORA = ("--lora_rank=4",)
 TWO_STEPS = ("--max_steps=2",)
 RELAY = ("--environment=tests.trainer.episode_env:Relay",)
 TOOLS = ("--environment=tool_calls", "--tools=calculator")
+OPD = ("--advantage_estimator=on_policy_distillation",)
 
 # {inputs.X} is replaced by the probe's input paths, {root} by the run's own folder.
 CASES: dict[str, Case] = {
@@ -166,6 +167,16 @@ CASES: dict[str, Case] = {
         "--overlong_penalty_factor=0.5", needs=("--overlong_buffer_len=2",)
     ),
     "advantage_clip": case("--advantage_clip=0.1"),
+    # on-policy distillation: the estimator needs a teacher in both runs
+    "teacher_pretrain": case(
+        "--teacher_pretrain={inputs.other_model}", needs=(*OPD, "--teacher_pretrain={inputs.model}")
+    ),
+    "opd_kl_coef": case(
+        "--opd_kl_coef=0.25", needs=(*OPD, "--teacher_pretrain={inputs.other_model}")
+    ),
+    "no_task_reward": case(
+        "--no_task_reward", needs=(*OPD, "--teacher_pretrain={inputs.other_model}")
+    ),
     # train backend
     "zero_stage": case("--zero_stage=2"),
     "adam_offload": case("--adam_offload"),
@@ -210,6 +221,15 @@ SHOWN_ELSEWHERE: dict[str, str] = {
     "remote_rm_batch_size": "tests/unit/rewards/test_remote_protocols.py::test_batches_are_cut_into_posts_and_joined_in_order",
     "remote_rm_max_concurrency": "tests/unit/rewards/test_remote_protocols.py::test_at_most_max_concurrency_posts_are_in_flight",
     "remote_rm_auth_env": "tests/unit/rewards/test_remote_protocols.py::test_the_auth_header_comes_from_the_environment_and_stays_secret",
+    # a teacher service (an HTTP server of the test's own)
+    "teacher_url": "tests/trainer/test_distill_ranks.py",
+    "teacher_protocol": "tests/unit/distill/test_remote_teacher.py::test_the_teachers_logprobs_of_each_response_token",
+    "teacher_auth_env": "tests/trainer/test_distill_ranks.py",
+    "teacher_timeout_s": "tests/trainer/test_distill_ranks.py",
+    "teacher_max_attempts": "tests/unit/distill/test_remote_teacher.py::test_retries_auth_and_redaction_follow_the_remote_rewards_rules",
+    # a process reward model (scored against a plain forward on two ranks)
+    "prm_pretrain": "tests/trainer/test_distill_ranks.py",
+    "prm_step_separator": "tests/unit/rewards/test_process.py::test_each_separator_ends_a_step_and_the_last_token_ends_the_last",
     # a negative advantage whose ratio passes c, which a run this short does not reach
     "dual_clip": "tests/unit/algo/test_policy_loss.py::test_dual_clip_caps_the_loss_of_negative_advantages",
     # vLLM, a second rank, or FSDP2 state a one-rank CPU run cannot show

@@ -1,6 +1,7 @@
-"""The command lines of LightRFT's FAQ and of its GSM8K GRPO example under ``lrft train``: each
-either runs with the same meaning or fails with one line that names the lrft flag to use, and a
-value given to a switch (LightRFT's ``--use_wandb`` takes the W&B API key) is never shown."""
+"""The command lines of LightRFT's FAQ, of its GSM8K GRPO example and of its on-policy
+distillation under ``lrft train``: each either runs with the same meaning or fails with one line
+that names the lrft flag to use, and a value given to a switch (LightRFT's ``--use_wandb`` takes
+the W&B API key) is never shown."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from tests.unit.trainer.config_errors import config_problems
 
 MODEL = ["train", "--pretrain=m", "--prompt_data=p.jsonl", "--reward_fn=math"]
 SECRET = "wandb-key-20c9e1"
+TEACHER_URL = "http://127.0.0.1:13141/generate"
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "lightrft-migration.md"
 
 RUNS: list[tuple[str, dict[str, object]]] = [
     ("--gradient_checkpointing", {"gradient_checkpointing": True}),
@@ -45,6 +48,17 @@ RUNS: list[tuple[str, dict[str, object]]] = [
         "--apply_chat_template --system_prompt 'think, then answer in \\boxed{}'",
         {"system_prompt": "think, then answer in \\boxed{}"},
     ),
+    # on-policy distillation: LightRFT's estimators and their flags, the teacher as lrft names it
+    (
+        f"--advantage_estimator on_policy_distillation --opd_kl_coef 0.5 --no_task_reward "
+        f"--teacher_url {TEACHER_URL} --teacher_protocol sglang",
+        {"uses_teacher": True, "opd_kl_coef": 0.5, "no_task_reward": True},
+    ),
+    (
+        "--advantage_estimator on_policy_distillation_hybrid --teacher_pretrain ./teacher "
+        "--use_kl_loss --init_kl_coef 0.01",
+        {"advantage_estimator": "on_policy_distillation_hybrid", "use_kl_loss": True},
+    ),
 ]
 """FAQ and example lines that run (with ``--engine_type vllm`` where the FAQ means vLLM's
 settings), and fields of the config that say they mean what LightRFT means."""
@@ -64,6 +78,12 @@ HINTED: list[tuple[str, str]] = [
     ("--engine_type sglang", r"--engine_type sglang: .* --engine_type vllm"),
     ("--reward_pretrain {}", r"--reward_pretrain: lrft takes comma-separated reward-model folders"),
     ("--fsdp --zero_stage 3", r"'fsdp2' \(LightRFT's --fsdp\) .* zero_stage 3 .* choose one"),
+    # LightRFT's distillation example passes its SGLang teacher as a reward service
+    (
+        f"--advantage_estimator on_policy_distillation --remote_rm_url {TEACHER_URL}",
+        r"LightRFT passes its SGLang teacher's URL as --remote_rm_url.*"
+        r"--teacher_url URL --teacher_protocol sglang",
+    ),
 ]
 """FAQ and example lines that fail, and what their one line says."""
 
@@ -199,3 +219,22 @@ def test_the_faq_resume_line_reads_a_checkpoint_folder_and_refuses_a_lightrft_on
     named = config_from_args(_argv(f"--load_checkpoint --ckpt_path {root / 'global_step5'}"))
     assert checkpoint_to_resume(named) == root / "global_step5"
     assert re.fullmatch(r".*checkpoints", named.checkpoint_dir)
+
+
+def test_the_distillation_sections_line_prints_what_the_page_says(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    section = DOCS.read_text().split("## On-policy distillation", 1)[1]
+    block = section.split("```console\n", 1)[1].split("```", 1)[0]
+    command, *printed = block.replace("\\\n", " ").splitlines()
+    argv = shlex.split(command)
+    assert argv[:3] == ["$", "lrft", "train"]
+    assert "--remote_rm_url" in argv
+    monkeypatch.setattr("lrft.extras.math_verify_available", lambda: True)
+    monkeypatch.chdir(tmp_path)  # where the page's model and prompts are not
+    assert main(argv[2:]) == 2
+    assert capsys.readouterr().err.splitlines() == printed
+    # the spelling it names runs with the same teacher service
+    renamed = ["--teacher_url" if word == "--remote_rm_url" else word for word in argv[2:]]
+    config = config_from_args([*renamed, "--teacher_protocol", "sglang"])
+    assert (config.teacher_url, config.teacher_protocol) == (TEACHER_URL, "sglang")

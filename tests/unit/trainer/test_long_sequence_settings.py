@@ -1,7 +1,8 @@
 """The settings of packing and sequence parallelism are refused, with the value and the rule,
 before any process group starts: sequence parallelism without packing, groups that do not fill
-the world or split its batch, heads that do not divide, model families lrft does not pack, and
-a train backend that does not declare what they need."""
+the world or split its batch, heads that do not divide (the actor's, a distillation
+teacher's), model families lrft does not pack (a process reward model's too), and a train
+backend that does not declare what they need."""
 
 from __future__ import annotations
 
@@ -111,3 +112,39 @@ def test_a_backend_that_does_not_declare_packing_is_refused() -> None:
     ):
         token_layout(split, info, _Backend(TrainCapabilities(packed_sequences=True)))  # type: ignore[arg-type]
     assert not token_layout(TrainConfig(), info, _Backend(TrainCapabilities())).packed  # type: ignore[arg-type]
+
+
+def test_a_teacher_and_a_process_reward_model_are_checked_as_packed_models(
+    tmp_path: Path,
+) -> None:
+    """The teacher runs the reference's packed, split forward (its heads must divide); the
+    process reward model packs each rank's rows unsplit (its family alone is checked)."""
+    from transformers import GPT2ForTokenClassification, Qwen2ForCausalLM
+
+    from lrft.demos.tokenizer import PAD_ID, VOCAB_SIZE, build_tokenizer
+
+    model = make_model_folder(tmp_path / "model")
+    train, held_out = make_prompt_files(tmp_path / "data")
+    two_heads = tmp_path / "teacher"
+    Qwen2ForCausalLM(
+        tiny_qwen2_config(num_attention_heads=2, num_key_value_heads=2)
+    ).save_pretrained(two_heads)
+    build_tokenizer().save_pretrained(two_heads)
+    gpt2 = tmp_path / "prm"
+    gpt2_config = GPT2Config(vocab_size=VOCAB_SIZE, n_embd=32, n_layer=1, n_head=2)
+    gpt2_config.num_labels, gpt2_config.pad_token_id = 1, PAD_ID
+    GPT2ForTokenClassification(gpt2_config).save_pretrained(gpt2)
+    build_tokenizer().save_pretrained(gpt2)
+    args = base_args(model, train, held_out, tmp_path / "out")
+    teacher = ["--advantage_estimator=on_policy_distillation", f"--teacher_pretrain={two_heads}"]
+    check_before_start(config_from_args([*args, *teacher, "--packing_samples"]))
+    split = ["--packing_samples", "--sequence_parallel_size=4"]
+    with pytest.raises(
+        ConfigError,
+        match=r"teacher_pretrain '.*teacher': sequence_parallel_size 4 must divide the model's 2",
+    ):
+        check_before_start(config_from_args([*args, *teacher, *split]))
+    process = [f"--prm_pretrain={gpt2}", "--prm_step_separator=;"]
+    check_before_start(config_from_args([*args, *process]))  # padded rows: any family
+    with pytest.raises(ConfigError, match=r"prm_pretrain '.*prm': .* model_type 'gpt2'"):
+        check_before_start(config_from_args([*args, *process, "--packing_samples"]))

@@ -78,6 +78,16 @@ def test_a_reward_service_url_is_never_shown() -> None:
     assert settings_changes(saved, now) == ([], ["remote_rm_url (changed)"])
 
 
+def test_a_teacher_service_may_move_and_its_url_is_never_shown() -> None:
+    opd = ["--advantage_estimator=on_policy_distillation"]
+    saved = _saved(*opd, "--teacher_url=https://user:old@teacher.example/generate")
+    now = config_from_args([*MODEL, *opd, "--teacher_url=https://user:new@teacher.example/v2"])
+    assert settings_changes(saved, now) == ([], ["teacher_url (changed)"])
+    other = config_from_args([*MODEL, *opd, "--teacher_pretrain=./teacher"])
+    blocking, _ = settings_changes(saved, other)
+    assert "teacher_pretrain None -> './teacher'" in blocking
+
+
 def test_a_setting_an_older_manifest_lacks_is_compared_as_its_default() -> None:
     saved = _saved()
     del saved["dual_clip"], saved["use_tensorboard"]
