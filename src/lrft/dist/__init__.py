@@ -16,7 +16,13 @@ from lrft.dist.init import DEFAULT_TIMEOUT, backend_for, close_distributed, init
 from lrft.dist.layout import RolloutGroups, RolloutLayout
 from lrft.dist.rank import RankInfo
 from lrft.dist.span import SpanGroup
-from lrft.dist.split import Role, SplitGroups, SplitLayout, init_split_distributed
+from lrft.dist.split import (
+    Role,
+    SplitGroups,
+    SplitLayout,
+    every_rank_arrives,
+    init_split_distributed,
+)
 from lrft.dist.watchdog import PhaseWatch, is_collective_timeout
 
 __all__ = [
@@ -37,6 +43,7 @@ __all__ = [
     "broadcast_object",
     "close_distributed",
     "init_distributed",
+    "every_rank_arrives",
     "init_split_distributed",
     "is_collective_timeout",
     "mean_over_ranks",

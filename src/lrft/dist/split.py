@@ -19,6 +19,7 @@ generates) runs as it does colocated, over its own ranks only.
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from functools import cached_property
 from typing import Literal
@@ -29,7 +30,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store
 from torch.distributed.rendezvous import rendezvous
 
-from lrft.api.errors import ConfigError
+from lrft.api.errors import CollectiveTimeout, ConfigError
 from lrft.dist.layout import RolloutLayout
 from lrft.dist.span import SpanGroup
 
@@ -225,3 +226,18 @@ def init_split_distributed(
         )
     )
     return layout.build_groups(store, rank=rank, device=device, timeout=timeout)
+
+
+def every_rank_arrives(store: Store, key: str, world_size: int, timeout: timedelta) -> None:
+    """Wait until each of ``world_size`` ranks has called this with ``key`` (a store barrier
+    that the same ranks may pass again: each pass waits for the next multiple of the count)."""
+    count = int(store.add(key, 1))
+    target = -(-count // world_size) * world_size
+    deadline = time.monotonic() + timeout.total_seconds()
+    while int(store.add(key, 0)) < target:
+        if time.monotonic() > deadline:
+            raise CollectiveTimeout(
+                f"{target - int(store.add(key, 0))} of {world_size} ranks did not finish their "
+                f"pre-start checks within {timeout.total_seconds():.0f} s"
+            )
+        time.sleep(0.01)

@@ -19,7 +19,14 @@ import torch
 from lrft.backends.sync.broadcast import BroadcastSync
 from lrft.config import TrainConfig
 from lrft.data import DistributedPromptSampler
-from lrft.dist import PhaseWatch, RankInfo, SplitGroups, SplitLayout, init_split_distributed
+from lrft.dist import (
+    PhaseWatch,
+    RankInfo,
+    SplitGroups,
+    SplitLayout,
+    every_rank_arrives,
+    init_split_distributed,
+)
 from lrft.trainer.build import build_trainer, prepare_run, prompt_sets, trainer_after_start
 from lrft.trainer.components import rollout_engine, train_backend, weight_sync
 from lrft.trainer.rewards import data_labels, task_reward
@@ -27,6 +34,8 @@ from lrft.trainer.rollout import RolloutSeeds
 from lrft.trainer.rollout_stack import decoder, experience_maker
 from lrft.trainer.rollout_worker import RolloutWorker, WorkerParts
 from lrft.trainer.trainer import RLTrainer
+
+PREPARED_KEY = "lrft/split/prepared"
 
 
 def split_layout(config: TrainConfig, world_size: int) -> SplitLayout:
@@ -62,6 +71,10 @@ def build_job(
     timeout = timedelta(seconds=config.collective_timeout_s)
     if groups is None:
         groups = init_split_distributed(layout, rank=info.rank, device=info.device, timeout=timeout)
+    else:
+        # Started before this run's checks (a harness's groups): no rank may write its outputs
+        # before every rank has checked them, as the rendezvous above ensures otherwise.
+        every_rank_arrives(groups.store, PREPARED_KEY, info.world_size, timeout)
     watch = PhaseWatch(
         rank=info.rank,
         world_size=info.world_size,
