@@ -15,6 +15,7 @@ from lrft.api import validators as v
 from lrft.api.errors import ConfigError
 from lrft.config import validators as f
 from lrft.config.flag_spec import flag, optional_int
+from lrft.config.problems import reporting
 from lrft.extras import tensorboard_available
 from lrft.rewards.judge_template import JUDGE_TEMPLATES, JudgeTemplate, load_judge_template
 
@@ -190,8 +191,8 @@ class RMTrainConfig:
     """Seconds a rank waits at a collective for the slowest rank before it fails."""
 
     def __attrs_post_init__(self) -> None:
-        self._check_mode()
-        self._check_run()
+        with reporting() as problems:  # both groups of rules, reported together
+            problems.check_each((self._check_mode, self._check_run))
 
     def _check_mode(self) -> None:
         defaults = attrs.fields_dict(RMTrainConfig)

@@ -112,6 +112,23 @@ def test_bad_settings_name_the_value_and_the_rule(argv: list[str], message: str)
         config_from_args([*MODEL, *argv])
 
 
+def test_a_mode_rule_and_a_run_rule_broken_together_are_reported_together() -> None:
+    with pytest.raises(ConfigError) as refused:
+        RMTrainConfig(
+            pretrain="m",
+            dataset="d.jsonl",
+            step_separator="",
+            load_checkpoint=True,
+            overwrite_output=True,
+        )
+    assert refused.value.problems == (
+        "step_separator trains a process reward model: a non-empty text, and not with "
+        "--generative (a judge)",
+        "load_checkpoint continues the run in save_path, overwrite_output replaces it with a new "
+        "one: choose one",
+    )
+
+
 def test_model_and_data_come_together() -> None:
     with pytest.raises(ConfigError, match=r"pretrain needs --dataset"):
         config_from_args(["train-rm", "--pretrain=m"])
