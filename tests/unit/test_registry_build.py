@@ -21,6 +21,7 @@ from lrft.backends.train.fsdp2 import FSDP2Config
 from lrft.config import HF_DECODE_PATHS, TrainConfig
 from lrft.dist import RankInfo
 from lrft.trainer.components import engine_spec, rollout_engine, train_backend
+from tests.installed import pretend_installed
 from tests.trainer.fixtures import make_model_folder
 
 CPU = torch.device("cpu")
@@ -131,7 +132,7 @@ def test_a_train_backend_gets_the_settings_named_after_it(
 
 def test_an_engine_gets_the_options_its_facts_call_for(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    monkeypatch.setattr("lrft.extras.vllm_available", lambda: True)
+    pretend_installed(monkeypatch, vllm=True)
     _register(monkeypatch, "rollout", "reserving", EngineFacts(max_tp=2, reserves_memory=True))
     _register(monkeypatch, "rollout", "plain")
     config = TrainConfig(engine_type="reserving", engine_mem_util=0.3, n_samples_per_prompt=4)
@@ -162,7 +163,7 @@ def test_the_vllm_engine_is_configured_from_its_spec_and_option(
     from lrft.backends.rollout import vllm
 
     monkeypatch.setattr(vllm, "VLLMRolloutEngine", CapturedVLLM)
-    monkeypatch.setattr("lrft.extras.vllm_available", lambda: True)
+    pretend_installed(monkeypatch, vllm=True)
     config = TrainConfig(
         engine_type="vllm",
         engine_tp_size=2,

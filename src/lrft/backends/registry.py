@@ -36,6 +36,7 @@ from typing import Any, Literal, TypeVar
 
 import attrs
 
+from lrft import extras
 from lrft.api import validators as v
 from lrft.api.errors import ConfigError
 from lrft.api.plugins import EngineSpec, TrainBackendSpec, WeightSyncSpec
@@ -48,6 +49,13 @@ ENTRY_POINT_GROUPS: dict[Kind, str] = {
     "rollout": "lrft.rollout_engines",
     "sync": "lrft.weight_syncs",
 }
+
+SETTINGS: dict[Kind, str] = {
+    "train": "train_backend",
+    "rollout": "engine_type",
+    "sync": "weight_sync",
+}
+"""The setting that picks a backend of each kind, as errors name it."""
 
 B = TypeVar("B")
 
@@ -82,8 +90,9 @@ class EngineFacts:
 
 @attrs.frozen(kw_only=True)
 class BackendEntry:
-    """One backend: its class (``module:Class``), the extra that installs its dependencies, the
-    ``module:function`` that builds it from its kind's spec (``None``: the class's
+    """One backend: its class (``module:Class``), the extra that installs its dependencies and
+    the top-level modules of those (``packages``: looked up, never imported, before anything
+    starts), the ``module:function`` that builds it from its kind's spec (``None``: the class's
     ``from_spec``), and, for a rollout engine, its :class:`EngineFacts` (``None``: it declares
     them only once built, through its capabilities)."""
 
@@ -91,6 +100,7 @@ class BackendEntry:
     name: str
     target: str = attrs.field(validator=_dotted)
     extra: str | None = None
+    packages: tuple[str, ...] = ()
     builder: str | None = attrs.field(default=None, validator=_dotted)
     engine: EngineFacts | None = None
 
@@ -108,13 +118,20 @@ def register(
     target: str,
     *,
     extra: str | None = None,
+    packages: tuple[str, ...] = (),
     builder: str | None = None,
     engine: EngineFacts | None = None,
 ) -> None:
     """Make ``target`` (``module:attribute``) the ``kind`` backend ``name``; see
     :class:`BackendEntry` for the rest. Registering the same entry again is harmless."""
     entry = BackendEntry(
-        kind=kind, name=name, target=target, extra=extra, builder=builder, engine=engine
+        kind=kind,
+        name=name,
+        target=target,
+        extra=extra,
+        packages=packages,
+        builder=builder,
+        engine=engine,
     )
     known = _REGISTRY.get((kind, name))
     if known is not None and known != entry:
@@ -156,6 +173,21 @@ def engine_facts(name: str) -> EngineFacts | None:
     declares none (an entry point's) or an unknown name."""
     registered = _REGISTRY.get(("rollout", name))
     return None if registered is None else registered.engine
+
+
+def missing_packages(kind: Kind, name: str) -> tuple[str, ...]:
+    """One problem for each package the registered ``kind`` backend ``name`` declares and this
+    environment lacks, with the line that installs its extra; ``()`` for a name registered by
+    no one here (an entry point's, or unknown: its own checks name it)."""
+    registered = _REGISTRY.get((kind, name))
+    if registered is None:
+        return ()
+    install = f": pip install 'lrft[{registered.extra}]'" if registered.extra else ""
+    return tuple(
+        f"{SETTINGS[kind]} {name!r} needs the {package} package, which is not installed{install}"
+        for package in registered.packages
+        if not extras.installed(package)
+    )
 
 
 def declared_engine_facts() -> dict[str, EngineFacts]:
@@ -264,6 +296,7 @@ register(
     "deepspeed",
     "lrft.backends.train.deepspeed:DeepSpeedBackend",
     extra="deepspeed",
+    packages=("deepspeed",),
     builder=f"{_BUILDERS}:deepspeed",
 )
 register(
@@ -280,6 +313,7 @@ register(
     "vllm",
     "lrft.backends.rollout.vllm:VLLMRolloutEngine",
     extra="vllm",
+    packages=("vllm",),
     builder=f"{_BUILDERS}:vllm_engine",
     engine=EngineFacts(max_tp=None, reserves_memory=True),
 )

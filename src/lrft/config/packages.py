@@ -10,23 +10,21 @@ from __future__ import annotations
 
 from lrft import extras
 from lrft.api.errors import ConfigError
+from lrft.backends import registry
 from lrft.config.fields import TrainFields
+from lrft.config.knobs import train_backend_name
 
 
 def missing_packages(config: TrainFields) -> tuple[str, ...]:
-    """One problem for each optional package ``config`` needs and this environment lacks."""
+    """One problem for each optional package ``config`` needs and this environment lacks: those
+    its backends declare in the registry (vLLM, DeepSpeed, a plug-in's), then those of its
+    other settings."""
     needs = (
         (
             config.use_wandb,
             extras.wandb_available,
             "use_wandb needs the wandb package",
             extras.WANDB_EXTRA,
-        ),
-        (
-            config.engine_type == "vllm",
-            extras.vllm_available,
-            "engine_type 'vllm' needs the vllm package",
-            extras.VLLM_EXTRA,
         ),
         (
             config.lora_rank > 0,
@@ -49,7 +47,15 @@ def missing_packages(config: TrainFields) -> tuple[str, ...]:
             extras.REWARDS_EXTRA,
         ),
     )
-    return tuple(
+    chosen: tuple[tuple[registry.Kind, str], ...] = (
+        ("rollout", config.engine_type),
+        ("train", train_backend_name(config)),
+        ("sync", config.weight_sync),
+    )
+    backends = tuple(
+        problem for kind, name in chosen for problem in registry.missing_packages(kind, name)
+    )
+    return backends + tuple(
         f"{need}, which is not installed: {line}"
         for wanted, available, need, line in needs
         if wanted and not available()

@@ -17,6 +17,7 @@ row is refused, naming it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -78,8 +79,8 @@ def load_step_examples(
     check_tokenizer(prompt_format, tokenizer)
     specials = frozenset(int(i) for i in tokenizer.all_special_ids)
 
-    def decode(ids: object) -> str:
-        return str(tokenizer.decode(list(ids), skip_special_tokens=False))  # type: ignore[call-overload]
+    def decode(ids: Sequence[int]) -> str:
+        return str(tokenizer.decode(list(ids), skip_special_tokens=False))
 
     name, rows = source_rows(path, max_samples)
     examples: list[tuple[int, StepExample]] = []

@@ -15,6 +15,7 @@ from lrft.models.media import audio_tower, freeze_audio_tower, load_generative_m
 from lrft.testing.audio_models import save_tiny_audio_lm
 from lrft.trainer.build import _policy_model
 from lrft.trainer.prompts import load_prompts
+from tests.installed import pretend_installed
 from tests.trainer.fixtures import make_model_folder
 
 soundfile = pytest.importorskip("soundfile")
@@ -30,7 +31,7 @@ def audio_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_audio_settings_need_what_they_act_on(
     tmp_path: Path, audio_lm: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("lrft.extras.vllm_available", lambda: True)
+    pretend_installed(monkeypatch, vllm=True)
     with pytest.raises(ConfigError, match="engine_type 'vllm': only the hf engine generates"):
         config_from_args([*MODEL, "--audios_key=a", "--apply_chat_template", "--engine_type=vllm"])
     with pytest.raises(ConfigError, match="freeze_audio_tower with lora_rank 8: LoRA keeps"):

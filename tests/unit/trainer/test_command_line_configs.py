@@ -18,6 +18,7 @@ from lrft.cli.train_rm import config_from_args as rm_config_from_args
 from lrft.config import TrainConfig
 from lrft.eval import EvalSettings
 from lrft.rm import RMTrainConfig
+from tests.installed import pretend_installed
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "lightrft-migration.md"
 SYSTEM_PROMPT = "Think step by step, then answer in \\boxed{}."
@@ -133,7 +134,7 @@ LINES: dict[str, tuple[list[str], dict[str, object]]] = {
 @pytest.fixture(autouse=True)
 def _optional_packages(monkeypatch: pytest.MonkeyPatch) -> None:
     # these lines check settings, not installed packages
-    monkeypatch.setattr("lrft.extras.vllm_available", lambda: True)
+    pretend_installed(monkeypatch, vllm=True)
     monkeypatch.setattr("lrft.extras.wandb_available", lambda: True)
 
 

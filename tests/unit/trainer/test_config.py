@@ -15,6 +15,7 @@ from lrft.cli.flags import FLAGS
 from lrft.config import HF_DECODE_PATHS, WANDB_SETTINGS, TrainConfig
 from lrft.demos import DEMO_CRITIC_SETTINGS, DEMO_SETTINGS
 from lrft.extras import tensorboard_available, wandb_available
+from tests.installed import pretend_installed
 
 MODEL = ["train", "--pretrain=m", "--prompt_data=p.jsonl", "--reward_fn=math"]
 
@@ -60,7 +61,7 @@ def test_engine_tp_size_beyond_the_engine_is_refused() -> None:
 def test_vllm_missing_is_refused_before_starting(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("lrft.extras.vllm_available", lambda: False)
+    pretend_installed(monkeypatch, vllm=False)
     with pytest.raises(
         ConfigError, match=r"engine_type 'vllm' needs .* pip install 'lrft\[vllm\]'"
     ):
@@ -70,7 +71,7 @@ def test_vllm_missing_is_refused_before_starting(
 
 
 def test_vllm_tp_size_is_bounded_by_the_world_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("lrft.extras.vllm_available", lambda: True)
+    pretend_installed(monkeypatch, vllm=True)
     TrainConfig(engine_type="vllm", engine_tp_size=4).validate_world(4)
     with pytest.raises(ConfigError, match=r"world size 2 is not divisible by engine_tp_size 4"):
         TrainConfig(engine_type="vllm", engine_tp_size=4).validate_world(2)
@@ -87,13 +88,13 @@ def test_vllm_tp_size_is_bounded_by_the_world_only(monkeypatch: pytest.MonkeyPat
 def test_engine_mem_util_values_are_named(
     monkeypatch: pytest.MonkeyPatch, changes: dict[str, object], message: str
 ) -> None:
-    monkeypatch.setattr("lrft.extras.vllm_available", lambda: True)
+    pretend_installed(monkeypatch, vllm=True)
     with pytest.raises(ConfigError, match=message):
         TrainConfig(**changes)  # type: ignore[arg-type]
 
 
 def test_engine_memory_share_by_device(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("lrft.extras.vllm_available", lambda: True)
+    pretend_installed(monkeypatch, vllm=True)
     unset = TrainConfig(engine_type="vllm")
     set_ = TrainConfig(engine_type="vllm", engine_mem_util=0.3)
     # a GPU per rank: LightRFT's default half, or the value given
@@ -396,7 +397,7 @@ TEACHER_URL = "--teacher_url=http://127.0.0.1:9/teacher"
 def test_every_flag_changes_its_config_field(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each flag, given another value, changes its TrainConfig field. That it then changes what
     the run does is test_flag_effects.py's (a short run recorded with and without it)."""
-    monkeypatch.setattr("lrft.extras.vllm_available", lambda: True)
+    pretend_installed(monkeypatch, vllm=True)
     baseline = config_from_args(MODEL)
     for flag in FLAGS:
         argv = _non_default(flag.name)
@@ -413,7 +414,7 @@ def test_engine_type_choices_are_the_registered_engines() -> None:
 
 
 def test_hf_decode_is_refused_with_another_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("lrft.extras.vllm_available", lambda: True)
+    pretend_installed(monkeypatch, vllm=True)
     with pytest.raises(ConfigError, match=r"hf_decode 'static' picks the hf engine's .* 'vllm'"):
         TrainConfig(engine_type="vllm", hf_decode="static")
 

@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 
 from lrft.api.errors import ConfigError
+from lrft.backends import registry
 from lrft.cli import main
 from lrft.config import TrainConfig
 from lrft.config.problems import Problems, gathering
+from tests.installed import pretend_installed
 from tests.trainer.fixtures import make_model_folder
 from tests.unit.trainer.config_errors import config_problems
 
@@ -99,16 +101,15 @@ def _migrated_line() -> list[str]:
 def fresh_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """The working folder of a machine with none of the line's optional packages, under
     torchrun with 2 ranks."""
-    for probe in ("wandb_available", "vllm_available", "math_verify_available"):
-        monkeypatch.setattr(f"lrft.extras.{probe}", lambda: False)
+    pretend_installed(monkeypatch, wandb=False, vllm=False, math_verify=False)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
 
 PACKAGES = (
-    "use_wandb needs the wandb package, which is not installed: pip install 'lrft[wandb]'",
     "engine_type 'vllm' needs the vllm package, which is not installed: pip install 'lrft[vllm]'",
+    "use_wandb needs the wandb package, which is not installed: pip install 'lrft[wandb]'",
     "--reward_fn math needs the math-verify package, which is not installed: "
     "pip install 'lrft[rewards]'",
 )
@@ -154,3 +155,28 @@ def test_with_its_model_and_data_there_the_line_names_the_template_and_the_split
     )
     assert len(problems) == 5, problems
     assert sorted(path.name for path in fresh_machine.iterdir()) == before
+
+
+def test_the_packages_a_backend_declares_in_the_registry_are_checked_with_the_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pretend_installed(monkeypatch, deepspeed=False, vllm=False)
+    registry.register(
+        "sync",
+        "needs-a-package",
+        "lrft.backends.sync.direct:DirectSync",
+        extra="somewhere",
+        packages=("lrft_test_absent_module",),
+    )
+    with pytest.raises(ConfigError) as refused:
+        _config(zero_stage=3, engine_type="vllm", weight_sync="needs-a-package")
+    assert refused.value.problems == (
+        "engine_type 'vllm' needs the vllm package, which is not installed: "
+        "pip install 'lrft[vllm]'",
+        "train_backend 'deepspeed' needs the deepspeed package, which is not installed: "
+        "pip install 'lrft[deepspeed]'",
+        "weight_sync 'needs-a-package' needs the lrft_test_absent_module package, which is not "
+        "installed: pip install 'lrft[somewhere]'",
+    )
+    pretend_installed(monkeypatch, deepspeed=True, vllm=True, lrft_test_absent_module=True)
+    assert _config(zero_stage=3, engine_type="vllm").zero_stage == 3

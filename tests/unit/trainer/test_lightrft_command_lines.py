@@ -16,6 +16,7 @@ from lrft.api.errors import ConfigError
 from lrft.cli import config_from_args, main
 from lrft.run import checkpoint as ckpt
 from lrft.run.resume import checkpoint_to_resume
+from tests.installed import pretend_installed
 from tests.unit.trainer.config_errors import config_problems
 
 MODEL = ["train", "--pretrain=m", "--prompt_data=p.jsonl", "--reward_fn=math"]
@@ -121,7 +122,7 @@ def _argv(line: str) -> list[str]:
 @pytest.fixture(autouse=True)
 def _vllm_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     # the vllm lines check settings, not the package: pretend it is installed
-    monkeypatch.setattr("lrft.extras.vllm_available", lambda: True)
+    pretend_installed(monkeypatch, vllm=True)
 
 
 @pytest.mark.parametrize(("line", "meaning"), RUNS, ids=[line for line, _ in RUNS])

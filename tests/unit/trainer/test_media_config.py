@@ -16,6 +16,7 @@ from lrft.demos import demo_settings
 from lrft.demos.vision.settings import VISION_DEMO_SETTINGS
 from lrft.testing.vision_models import save_tiny_vlm
 from lrft.trainer.prompts import load_prompts
+from tests.installed import pretend_installed
 from tests.trainer.fixtures import make_model_folder
 
 MODEL = ["train", "--pretrain=m", "--prompt_data=p.jsonl", "--reward_fn=math"]
@@ -45,7 +46,7 @@ def test_the_vision_demo_refuses_a_model_of_the_users(tmp_path: Path) -> None:
 def test_media_settings_need_what_they_act_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("lrft.extras.vllm_available", lambda: True)
+    pretend_installed(monkeypatch, vllm=True)
     with pytest.raises(ConfigError, match="images_key 'images' needs apply_chat_template"):
         config_from_args([*MODEL, "--images_key=images"])
     with pytest.raises(ConfigError, match="limit_mm_image_per_prompt 2 needs images_key"):
