@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -17,8 +18,8 @@ def _ids(text: str) -> list[int]:
     return list(TOKENIZER.encode(text, add_special_tokens=False))
 
 
-def _decode(ids: object) -> str:
-    return str(TOKENIZER.decode(list(ids), skip_special_tokens=False))  # type: ignore[call-overload]
+def _decode(ids: Sequence[int]) -> str:
+    return str(TOKENIZER.decode(list(ids), skip_special_tokens=False))
 
 
 def test_each_separator_ends_a_step_and_the_last_token_ends_the_last() -> None:
@@ -37,8 +38,8 @@ def test_a_separator_merged_into_one_token_with_its_neighbours_is_found() -> Non
     # a tokenizer of words: "x;" and ";y" are single tokens, the separator is inside them
     vocab = ["step", "x;", ";y", "z"]
 
-    def decode(ids: object) -> str:
-        return "".join(vocab[i] for i in ids)  # type: ignore[attr-defined]
+    def decode(ids: Sequence[int]) -> str:
+        return "".join(vocab[i] for i in ids)
 
     assert step_ends([0, 1, 0, 2, 3], ";", decode) == [1, 3, 4]
 

@@ -36,7 +36,7 @@ def _load(path: Path, rows: list[dict[str, object]], **kwargs: object) -> list[S
         "prompt_format": PromptFormat(),
         "tokenizer": TOKENIZER,
     } | kwargs
-    return list(load_step_examples(str(path), **options).examples)  # type: ignore[arg-type]
+    return list(load_step_examples(str(path), **options).examples)  # type: ignore[arg-type]  # a mapping of mixed option values
 
 
 def test_rows_become_prompt_then_response_with_labels_at_step_ends(tmp_path: Path) -> None:

@@ -140,14 +140,14 @@ def _optional_packages(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_migrated_gsm8k_line_of_the_docs_parses_to_its_settings() -> None:
     config = config_from_args(_migrated_line())
-    assert config.as_dict() == TrainConfig(**GSM8K).as_dict()  # type: ignore[arg-type]
+    assert config.as_dict() == TrainConfig(**GSM8K).as_dict()  # type: ignore[arg-type]  # a mapping of mixed field values
     assert (config.train_backend_name, config.lr_scheduler) == ("fsdp2", "cosine_with_min_lr")
 
 
 @pytest.mark.parametrize("name", sorted(LINES))
 def test_a_command_line_parses_to_the_config_of_its_values(name: str) -> None:
     argv, values = LINES[name]
-    expected = TrainConfig(**values)  # type: ignore[arg-type]
+    expected = TrainConfig(**values)  # type: ignore[arg-type]  # a mapping of mixed field values
     assert config_from_args(argv).as_dict() == expected.as_dict()
 
 

@@ -103,15 +103,15 @@ def test_a_backend_that_does_not_declare_packing_is_refused() -> None:
     )
     packing = TrainConfig(packing_samples=True)
     with pytest.raises(CapabilityNotSupported, match=r"plain does not support packed_sequences"):
-        token_layout(packing, info, _Backend(TrainCapabilities()))  # type: ignore[arg-type]
+        token_layout(packing, info, _Backend(TrainCapabilities()))  # type: ignore[arg-type]  # a stand-in backend with only its capabilities
     split = TrainConfig(packing_samples=True, sequence_parallel_size=2)
     with pytest.raises(
         CapabilityNotSupported,
         match=r"plain does not support sequence_parallel: --packing_samples "
         r"--sequence_parallel_size 2 needs",
     ):
-        token_layout(split, info, _Backend(TrainCapabilities(packed_sequences=True)))  # type: ignore[arg-type]
-    assert not token_layout(TrainConfig(), info, _Backend(TrainCapabilities())).packed  # type: ignore[arg-type]
+        token_layout(split, info, _Backend(TrainCapabilities(packed_sequences=True)))  # type: ignore[arg-type]  # a stand-in backend with only its capabilities
+    assert not token_layout(TrainConfig(), info, _Backend(TrainCapabilities())).packed  # type: ignore[arg-type]  # a stand-in backend with only its capabilities
 
 
 def test_a_teacher_and_a_process_reward_model_are_checked_as_packed_models(

@@ -94,13 +94,13 @@ def test_packed_policy_steps_equal_the_padded_ones(
     }
     padded = _steps(
         tiny_causal_lm(0),
-        lambda model, buffer: PolicyUpdate(**settings).run(model, buffer, step=0, device=CPU),  # type: ignore[arg-type]
+        lambda model, buffer: PolicyUpdate(**settings).run(model, buffer, step=0, device=CPU),  # type: ignore[arg-type]  # mixed settings and a test double of the model handle
         batch,
     )
-    packed_update = PolicyUpdate(**settings, layout=PACKED, max_tokens_per_micro_batch=budget)  # type: ignore[arg-type]
+    packed_update = PolicyUpdate(**settings, layout=PACKED, max_tokens_per_micro_batch=budget)  # type: ignore[arg-type]  # mixed settings and a test double of the model handle
     packed = _steps(
         _packed(tiny_causal_lm(0)),
-        lambda model, buffer: packed_update.run(model, buffer, step=0, device=CPU),  # type: ignore[arg-type]
+        lambda model, buffer: packed_update.run(model, buffer, step=0, device=CPU),  # type: ignore[arg-type]  # mixed settings and a test double of the model handle
         batch,
     )
     _assert_same_steps(packed, padded)
@@ -121,13 +121,13 @@ def test_packed_critic_steps_and_values_equal_the_padded_ones(budget: int | None
     settings = {"micro_batch_size": 3, "accumulation": 2, "epochs": 1, "value_clip": 0.05}
     padded = _steps(
         _critic(),
-        lambda model, buffer: CriticUpdate(**settings).run(model, buffer, step=0, device=CPU),  # type: ignore[arg-type]
+        lambda model, buffer: CriticUpdate(**settings).run(model, buffer, step=0, device=CPU),  # type: ignore[arg-type]  # mixed settings and a test double of the model handle
         batch,
     )
-    update = CriticUpdate(**settings, layout=PACKED, max_tokens_per_micro_batch=budget)  # type: ignore[arg-type]
+    update = CriticUpdate(**settings, layout=PACKED, max_tokens_per_micro_batch=budget)  # type: ignore[arg-type]  # mixed settings and a test double of the model handle
     packed = _steps(
         _packed(_critic()),
-        lambda model, buffer: update.run(model, buffer, step=0, device=CPU),  # type: ignore[arg-type]
+        lambda model, buffer: update.run(model, buffer, step=0, device=CPU),  # type: ignore[arg-type]  # mixed settings and a test double of the model handle
         batch,
     )
     _assert_same_steps(packed, padded)
@@ -137,9 +137,9 @@ def test_packed_critic_steps_and_values_equal_the_padded_ones(budget: int | None
             self.module = module
 
     sequences = batch.sequences
-    expected = critic_values(Handle(_critic()), sequences, micro_batch_size=4, device=CPU)  # type: ignore[arg-type]
+    expected = critic_values(Handle(_critic()), sequences, micro_batch_size=4, device=CPU)  # type: ignore[arg-type]  # mixed settings and a test double of the model handle
     got = critic_values(
-        Handle(_packed(_critic())),  # type: ignore[arg-type]
+        Handle(_packed(_critic())),  # type: ignore[arg-type]  # mixed settings and a test double of the model handle
         sequences,
         micro_batch_size=4,
         device=CPU,
