@@ -202,7 +202,9 @@ def _train_main(argv: list[str]) -> int:
     from lrft.trainer.split_build import build_job
 
     try:
-        trainer = build_job(apply_demo_or_preset(config, int(rank)))
+        prepared = apply_demo_or_preset(config, int(rank))
+        # a config the demo or a preset left as it was is checked already (checked_config)
+        trainer = build_job(prepared, checked=prepared is config)
         result = trainer.fit()
     except ConfigError as error:
         _fail(f"lrft: rank {rank}: configuration error: {error}")

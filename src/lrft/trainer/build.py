@@ -137,12 +137,15 @@ def causal_lm(config: TrainConfig) -> torch.nn.Module:
     return model
 
 
-def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLTrainer:
+def build_trainer(
+    config: TrainConfig, rank_info: RankInfo | None = None, *, checked: bool = False
+) -> RLTrainer:
     """Check the run's folders, settings and files, then start the process group (with the
     configured collective timeout) and its phase watch, and build everything. ``config`` names
-    its model and prompts (``lrft train`` fills in the demo's or a preset's first)."""
+    its model and prompts (``lrft train`` fills in the demo's or a preset's first); ``checked``:
+    see :func:`prepare_run`."""
     info = rank_info if rank_info is not None else RankInfo.from_env()
-    prepare_run(config, info)
+    prepare_run(config, info, checked=checked)
     init_distributed(info, timeout=timedelta(seconds=config.collective_timeout_s))
     watch = PhaseWatch.for_default_group(config.collective_timeout_s)
     watch.start()
@@ -154,9 +157,12 @@ def build_trainer(config: TrainConfig, rank_info: RankInfo | None = None) -> RLT
         raise
 
 
-def prepare_run(config: TrainConfig, info: RankInfo) -> None:
+def prepare_run(config: TrainConfig, info: RankInfo, *, checked: bool = False) -> None:
     """What a run checks and claims before any process group starts: its plug-ins, the
-    settings that depend on the number of ranks, its output folders, its model and prompts."""
+    settings that depend on the number of ranks, its output folders, its model and prompts.
+    ``checked``: ``config`` passed :func:`lrft.trainer.preflight.check_before_start` as it is
+    on this rank (``lrft train`` checks a command line whole first), so its files and models
+    are not read again."""
     import_plugins(config.plugins)
     config.validate_world(info.world_size)
     facts = engine_facts(config.engine_type)
@@ -171,7 +177,8 @@ def prepare_run(config: TrainConfig, info: RankInfo) -> None:
             "needs both (lrft train fills them in from the demo or a preset first: "
             "lrft.demos.apply.apply_demo_or_preset)"
         )
-    check_before_start(config)
+    if not checked:
+        check_before_start(config)
 
 
 @attrs.frozen(kw_only=True, eq=False)

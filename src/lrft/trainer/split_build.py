@@ -59,14 +59,19 @@ def role_info(info: RankInfo, layout: SplitLayout) -> RankInfo:
 
 
 def build_job(
-    config: TrainConfig, rank_info: RankInfo | None = None, *, groups: SplitGroups | None = None
+    config: TrainConfig,
+    rank_info: RankInfo | None = None,
+    *,
+    groups: SplitGroups | None = None,
+    checked: bool = False,
 ) -> RLTrainer | RolloutWorker:
     """This rank's part of the run ``config`` describes; see the module docstring. ``groups``:
-    split groups already started (a test harness's), else they are started here."""
+    split groups already started (a test harness's), else they are started here; ``checked``:
+    see :func:`lrft.trainer.build.prepare_run`."""
     if config.placement != "split":
-        return build_trainer(config, rank_info)
+        return build_trainer(config, rank_info, checked=checked)
     info = rank_info if rank_info is not None else RankInfo.from_env()
-    prepare_run(config, info)
+    prepare_run(config, info, checked=checked)
     layout = split_layout(config, info.world_size)
     timeout = timedelta(seconds=config.collective_timeout_s)
     if groups is None:

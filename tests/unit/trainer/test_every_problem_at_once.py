@@ -15,12 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from lrft.api.errors import ConfigError
 from lrft.backends import registry
 from lrft.cli import main
 from lrft.config import TrainConfig
 from lrft.config.problems import Problems, gathering
+from lrft.dist import RankInfo
+from lrft.trainer.build import prepare_run
 from tests.installed import pretend_installed
 from tests.trainer.fixtures import make_model_folder
 from tests.unit.trainer.config_errors import config_problems
@@ -31,7 +34,7 @@ SYSTEM_PROMPT = "Think step by step, then answer in \\boxed{}."
 
 def _config(**changes: Any) -> TrainConfig:
     values: dict[str, Any] = {"pretrain": "m", "prompt_data": "p.jsonl", "reward_fn": "math"}
-    return TrainConfig(**values, **changes)
+    return TrainConfig(**{**values, **changes})
 
 
 def test_one_problem_is_its_own_message_and_several_are_numbered_under_their_count() -> None:
@@ -180,3 +183,28 @@ def test_the_packages_a_backend_declares_in_the_registry_are_checked_with_the_se
     )
     pretend_installed(monkeypatch, deepspeed=True, vllm=True, lrft_test_absent_module=True)
     assert _config(zero_stage=3, engine_type="vllm").zero_stage == 3
+
+
+def test_a_run_checked_whole_is_not_read_again_by_the_trainer(tmp_path: Path) -> None:
+    model = make_model_folder(tmp_path / "model")
+    (model / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m['role'] != 'system' %}{{ m['content'] }}{% endif %}"
+        "{% endfor %}"
+    )
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    config = _config(
+        pretrain=str(model),
+        prompt_data=str(prompts),
+        reward_fn="lrft.demos:exact_answer",
+        system_prompt="Be brief.",
+        apply_chat_template=True,
+        input_key="prompt",
+        save_path=str(tmp_path / "out"),
+    )
+    info = RankInfo(
+        rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu")
+    )
+    with pytest.raises(ConfigError, match=r"^--system_prompt is set"):
+        prepare_run(config, info)
+    prepare_run(config, info, checked=True)  # lrft train's whole check found it already
