@@ -50,9 +50,6 @@ class Problems:
     def found(self) -> tuple[str, ...]:
         return tuple(self._found)
 
-    def __bool__(self) -> bool:
-        return bool(self._found)
-
     def add(self, error: ConfigError) -> None:
         """Record each problem of ``error`` not recorded yet, but those that name a field
         already found invalid: a rule across fields that read an invalid value (a negative
